@@ -1,0 +1,124 @@
+"""Strict settings from the environment.
+
+Every reader raises ``ImproperlyConfigured`` with the variable's name on a bad
+value, so a typo stops the process at start instead of running on a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return default if value is None else value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    folded = value.strip().lower()
+    if folded in _TRUE:
+        return True
+    if folded in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be one of 1/0/true/false/yes/no/on/off, not {value!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> str | None:
+    """A secret from ``NAME`` or from the file named by ``NAME_FILE``.
+
+    Secrets have no production default: when ``required`` and neither is set,
+    start-up fails. ``dev_default`` is only used when not required.
+    """
+    direct = os.environ.get(name)
+    file_name = os.environ.get(f"{name}_FILE")
+    if direct and file_name:
+        raise ImproperlyConfigured(f"set {name} or {name}_FILE, not both")
+    if file_name:
+        try:
+            secret = Path(file_name).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} cannot be read: {exc}") from None
+        if not secret:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} is empty")
+        return secret
+    if direct:
+        return direct
+    if required:
+        raise ImproperlyConfigured(f"{name} (or {name}_FILE) must be set")
+    return dev_default
+
+
+def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
+    """Django's DATABASES entry for ``postgres://`` or ``sqlite:///`` URLs."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    options = dict(parse_qsl(parts.query))
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured(f"DATABASE_URL names no database: {url!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ImproperlyConfigured(f"DATABASE_URL has a bad port: {url!r}") from None
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(port or ""),
+            "OPTIONS": options,
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    if scheme == "sqlite":
+        path = unquote(parts.path)
+        if path in {"", "/"}:
+            raise ImproperlyConfigured(f"DATABASE_URL names no SQLite file: {url!r}")
+        if path.startswith("//"):  # sqlite:////abs/path
+            path = path[1:]
+        elif path != "/:memory:":
+            path = str(base_dir / path.lstrip("/"))
+        else:
+            path = ":memory:"
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path,
+            # Workers and the web share the file; wait for locks instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must start with postgres:// or sqlite:///, not {scheme or url!r}"
+    )

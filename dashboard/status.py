@@ -1,0 +1,77 @@
+"""What the overview and /healthz report about the running system."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import urlsplit, urlunsplit
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from governance.refusal import MAX_REFUSAL_REPROBES, REFUSAL_REPROBE_DELAYS, RULE_TEXT
+from tasks.jobs import read_heartbeat
+from tasks.telemetry import exporter_mode
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    ok: bool
+    detail: str
+    last_seen: datetime | None = None
+    age_seconds: float | None = None
+
+
+def redact_url(url: str) -> str:
+    """A URL safe to show: the password is replaced."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def database_status() -> ComponentStatus:
+    vendor = connection.vendor
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError as exc:
+        return ComponentStatus("database", False, f"{vendor}: {exc}".strip())
+    return ComponentStatus("database", True, vendor)
+
+
+def heartbeat_status(component: str, now: datetime) -> ComponentStatus:
+    # A component is late after three missed beats.
+    stale_after = 3 * settings.HEARTBEAT_SECONDS
+    beat = read_heartbeat(component)
+    if not beat or not beat.get("at"):
+        return ComponentStatus(component, False, "no heartbeat yet")
+    seen = datetime.fromisoformat(beat["at"])
+    age = max(0.0, (now - seen).total_seconds())
+    ok = age <= stale_after
+    detail = f"{beat.get('hostname') or 'unknown host'}, {age:.0f} s ago"
+    if not ok:
+        detail += f" (late: expected every {settings.HEARTBEAT_SECONDS} s)"
+    return ComponentStatus(component, ok, detail, seen, age)
+
+
+def system_status(now: datetime) -> list[ComponentStatus]:
+    return [
+        database_status(),
+        ComponentStatus("broker", True, redact_url(settings.CELERY_BROKER_URL)),
+        heartbeat_status("worker", now),
+        heartbeat_status("scheduler", now),
+        ComponentStatus("telemetry", True, exporter_mode()),
+    ]
+
+
+def refusal_rule_summary() -> dict[str, object]:
+    return {
+        "text": RULE_TEXT,
+        "delays": [str(delay) for delay in REFUSAL_REPROBE_DELAYS],
+        "max_reprobes": MAX_REFUSAL_REPROBES,
+        "max_sends": 1 + MAX_REFUSAL_REPROBES,
+    }

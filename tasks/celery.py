@@ -1,0 +1,33 @@
+"""The Celery app: broker and behaviour come from Django settings (CELERY_*).
+
+Stages are acknowledged late and rejected when a worker dies, so a stage may
+run more than once; every task must be idempotent on redelivery.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_ready
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+
+app = Celery("governance")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.include = ["tasks.jobs"]
+
+
+@worker_process_init.connect
+def _instrument_worker_process(**_kwargs) -> None:
+    # Each forked worker process needs its own exporter threads.
+    from tasks.telemetry import configure_telemetry
+
+    configure_telemetry(component="worker")
+
+
+@worker_ready.connect
+def _record_worker_ready(sender=None, **_kwargs) -> None:
+    from tasks.jobs import record_heartbeat
+
+    record_heartbeat("worker", getattr(sender, "hostname", None))

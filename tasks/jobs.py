@@ -1,0 +1,35 @@
+"""Periodic jobs run by the worker on the beat schedule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from celery import shared_task
+from django.core.cache import cache
+
+HEARTBEAT_KEY = "heartbeat:{component}"
+HEARTBEAT_TTL_SECONDS = 24 * 3600
+
+
+def record_heartbeat(component: str, hostname: str | None) -> dict[str, str | None]:
+    beat = {"at": datetime.now(UTC).isoformat(), "hostname": hostname}
+    cache.set(HEARTBEAT_KEY.format(component=component), beat, HEARTBEAT_TTL_SECONDS)
+    return beat
+
+
+def read_heartbeat(component: str) -> dict[str, str | None] | None:
+    return cache.get(HEARTBEAT_KEY.format(component=component))
+
+
+@shared_task(name="tasks.jobs.scheduler_heartbeat", bind=True, ignore_result=True)
+def scheduler_heartbeat(self) -> dict[str, str | None]:
+    """Beat published it and a worker ran it: both halves are alive."""
+    hostname = self.request.hostname
+    record_heartbeat("worker", hostname)
+    return record_heartbeat("scheduler", hostname)
+
+
+@shared_task(name="tasks.jobs.ping")
+def ping(payload: str) -> dict[str, str]:
+    """Round-trip check used by the status page and the tests."""
+    return {"pong": payload}

@@ -1,0 +1,100 @@
+"""Strict settings readers: a bad value stops start-up with the variable's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from dashboard.env import database_from_url, env_bool, env_int, env_list, env_secret
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("yes", True), ("off", False)])
+def test_env_bool_reads_common_spellings(monkeypatch, raw, expected):
+    monkeypatch.setenv("FLAG", raw)
+    assert env_bool("FLAG", not expected) is expected
+
+
+def test_env_bool_rejects_garbage_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG"):
+        env_bool("FLAG", False)
+
+
+def test_env_bool_default_when_unset(monkeypatch):
+    monkeypatch.delenv("FLAG", raising=False)
+    assert env_bool("FLAG", True) is True
+
+
+def test_env_int_checks_type_and_minimum(monkeypatch):
+    monkeypatch.setenv("N", "12")
+    assert env_int("N", 3, minimum=1) == 12
+    monkeypatch.setenv("N", "twelve")
+    with pytest.raises(ImproperlyConfigured, match="N must be an integer"):
+        env_int("N", 3)
+    monkeypatch.setenv("N", "0")
+    with pytest.raises(ImproperlyConfigured, match="at least 1"):
+        env_int("N", 3, minimum=1)
+
+
+def test_env_list_splits_and_trims(monkeypatch):
+    monkeypatch.setenv("HOSTS", " a.example, ,b.example ")
+    assert env_list("HOSTS", []) == ["a.example", "b.example"]
+
+
+def test_env_secret_has_no_production_default(monkeypatch):
+    monkeypatch.delenv("TOKEN", raising=False)
+    monkeypatch.delenv("TOKEN_FILE", raising=False)
+    with pytest.raises(ImproperlyConfigured, match="TOKEN"):
+        env_secret("TOKEN", required=True, dev_default="dev")
+    assert env_secret("TOKEN", required=False, dev_default="dev") == "dev"
+
+
+def test_env_secret_reads_file_variant(monkeypatch, tmp_path: Path):
+    secret_file = tmp_path / "token"
+    secret_file.write_text("s3cret\n")
+    monkeypatch.delenv("TOKEN", raising=False)
+    monkeypatch.setenv("TOKEN_FILE", str(secret_file))
+    assert env_secret("TOKEN", required=True) == "s3cret"
+    monkeypatch.setenv("TOKEN", "other")
+    with pytest.raises(ImproperlyConfigured, match="not both"):
+        env_secret("TOKEN", required=True)
+
+
+def test_env_secret_unreadable_or_empty_file(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("TOKEN", raising=False)
+    monkeypatch.setenv("TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="cannot be read"):
+        env_secret("TOKEN", required=True)
+    empty = tmp_path / "empty"
+    empty.write_text("  \n")
+    monkeypatch.setenv("TOKEN_FILE", str(empty))
+    with pytest.raises(ImproperlyConfigured, match="is empty"):
+        env_secret("TOKEN", required=True)
+
+
+def test_database_url_postgres(tmp_path: Path):
+    config = database_from_url(
+        "postgres://app:p%40ss@db.internal:6543/gov?sslmode=require", base_dir=tmp_path
+    )
+    assert config["ENGINE"] == "django.db.backends.postgresql"
+    assert (config["NAME"], config["USER"], config["PASSWORD"]) == ("gov", "app", "p@ss")
+    assert (config["HOST"], config["PORT"]) == ("db.internal", "6543")
+    assert config["OPTIONS"] == {"sslmode": "require"}
+
+
+def test_database_url_sqlite_relative_and_absolute(tmp_path: Path):
+    relative = database_from_url("sqlite:///var/x.sqlite3", base_dir=tmp_path)
+    assert relative["NAME"] == str(tmp_path / "var/x.sqlite3")
+    absolute = database_from_url("sqlite:////srv/x.sqlite3", base_dir=tmp_path)
+    assert absolute["NAME"] == "/srv/x.sqlite3"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://root@localhost/db", "postgres://localhost/", "sqlite:///", "postgres://h:bad/db"],
+)
+def test_database_url_rejects_what_it_cannot_run_on(url, tmp_path: Path):
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
+        database_from_url(url, base_dir=tmp_path)
