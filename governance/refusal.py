@@ -1,0 +1,352 @@
+"""R3: content refusals — bounded re-probes per segment, then freeze until a boundary.
+
+A refusal is a fact about the bytes of a segment, not about time (R2.3): the
+accepted history is replayed on every turn, so waiting does not remove what
+was refused. The clock only covers classifier noise, and the number of
+re-probes is capped: skipped in this segment for now (bounded re-probes;
+frozen in this segment once used up).
+
+State per (segment, provider) is two numbers, ``refusals`` and
+``refused_at`` (R3.2). It lives on the ``llm-fallback`` card (R3.5); only the
+turn runner, on an actual refusal, moves it (R3.3) through
+:func:`record_refusal`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+REFUSAL_SCOPE_TTL = timedelta(hours=6)
+# The last step reuses the turn-level refusal memory's TTL (R2.3) rather than
+# inventing another constant.
+REFUSAL_REPROBE_DELAYS: tuple[timedelta, ...] = (
+    timedelta(minutes=15),
+    timedelta(hours=1),
+    REFUSAL_SCOPE_TTL,
+)
+MAX_REFUSAL_REPROBES = len(REFUSAL_REPROBE_DELAYS)
+
+# R3.7: the one description of the rule. Every text that describes it —
+# comments, the card shown to the model, notifications, dashboard copy —
+# uses these words.
+RULE_TEXT = (
+    "skipped in this segment for now (bounded re-probes; frozen in this segment once used up)"
+)
+BOUNDARY_ACTIONS_TEXT = "compact, fresh start or switch model"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+RefusalState = Literal["eligible", "cooling", "frozen"]
+Severity = Literal["normal", "critical"]
+
+
+@dataclass(frozen=True)
+class ProviderRefusal:
+    """One provider's refusal state in one segment (R3.2, R3.5).
+
+    ``refusals`` is None for a legacy row written before counts existed; such
+    a row, like one whose ``refused_at`` cannot be read, is frozen (R3.4).
+    """
+
+    provider_id: str
+    model: str | None = None
+    category: str | None = None
+    refusals: int | None = None
+    refused_at: int | float | datetime | str | None = None
+
+
+@dataclass(frozen=True)
+class RefusalVerdict:
+    state: RefusalState
+    reprobes: int
+    next_probe_at: datetime | None  # aware UTC; None unless cooling
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A refusal notification (R3.6). ``dedupe_key`` is never emitted twice."""
+
+    dedupe_key: str
+    severity: Severity
+    text: str
+    segment_key: str
+    provider_ids: tuple[str, ...]
+    reprobes: int
+    created_at: datetime
+
+
+class RefusalError(ValueError):
+    """Bad input to a refusal rule."""
+
+
+def segment_key(session_id: str, segment_no: int) -> str:
+    """R1.2: ``"{session_id}#{segment_no}"``; segments are numbered from 1."""
+    if not isinstance(session_id, str) or not session_id or "#" in session_id:
+        raise RefusalError(f"session_id must be a non-empty string without '#': {session_id!r}")
+    if isinstance(segment_no, bool) or not isinstance(segment_no, int) or segment_no < 1:
+        raise RefusalError(f"segment_no must be an integer >= 1: {segment_no!r}")
+    return f"{session_id}#{segment_no}"
+
+
+def parse_segment_key(key: str) -> tuple[str, int]:
+    """Inverse of :func:`segment_key`."""
+    session_id, sep, number = key.rpartition("#")
+    if not sep or not number.isdigit():
+        raise RefusalError(f"not a segment key: {key!r}")
+    segment_key(session_id, int(number))  # validates both parts
+    return session_id, int(number)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """Naive datetimes are UTC (R3.4); aware ones are converted to UTC."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def epoch_ms(value: Any) -> int | None:
+    """R3.4: read a timestamp of any shape as epoch milliseconds.
+
+    Accepts int/float epoch milliseconds, ``datetime`` (naive = UTC) and
+    ISO-8601 strings. Anything non-finite or unparseable is unknown (None):
+    a guard that silently fails on one row shape is how the original bug
+    turned "re-probe forever" into "never re-probe".
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) else None
+    if isinstance(value, datetime):
+        return (as_utc(value) - _EPOCH) // _MS
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return (as_utc(parsed) - _EPOCH) // _MS
+    return None
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def refused_at_datetime(refusal: ProviderRefusal) -> datetime | None:
+    ms = epoch_ms(refusal.refused_at)
+    return None if ms is None else from_epoch_ms(ms)
+
+
+def _known_count(refusal: ProviderRefusal) -> int | None:
+    count = refusal.refusals
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return None
+    return count
+
+
+def refusal_verdict(
+    refusal: ProviderRefusal | None,
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> RefusalVerdict:
+    """R3.2: eligible, cooling until ``next_probe_at``, or frozen.
+
+    ``now == next_probe_at`` is eligible: the re-probe is due. A legacy row
+    (no count) or an unknown ``refused_at`` is frozen (R3.4): the most
+    conservative reading, and one a boundary still undoes.
+    """
+    if not delays:
+        raise RefusalError("delays must name at least one re-probe delay")
+    now = as_utc(now)
+    if refusal is None:
+        return RefusalVerdict("eligible", 0, None)
+    count = _known_count(refusal)
+    if count is None:
+        return RefusalVerdict("frozen", len(delays), None)
+    if count == 0:
+        return RefusalVerdict("eligible", 0, None)
+    reprobes = count - 1
+    if reprobes >= len(delays):
+        return RefusalVerdict("frozen", reprobes, None)
+    refused_at = refused_at_datetime(refusal)
+    if refused_at is None:
+        return RefusalVerdict("frozen", reprobes, None)
+    next_probe_at = refused_at + delays[reprobes]
+    if now < next_probe_at:
+        return RefusalVerdict("cooling", reprobes, next_probe_at)
+    return RefusalVerdict("eligible", reprobes, None)
+
+
+def record_refusal(
+    previous: ProviderRefusal | None,
+    *,
+    provider_id: str,
+    model: str | None,
+    category: str | None,
+    now: datetime,
+) -> ProviderRefusal:
+    """R3.2/R3.3: the state after an *actual* refusal at ``now``.
+
+    Only the turn runner calls this, and only when the provider really
+    refused; writing a fallback card for a skipped turn never does, so
+    skipped turns cannot move the clock. A legacy row stays legacy (frozen).
+    """
+    if not provider_id:
+        raise RefusalError("provider_id is required")
+    if previous is not None and previous.provider_id != provider_id:
+        raise RefusalError(
+            f"refusal state of {previous.provider_id!r} cannot record a refusal by {provider_id!r}"
+        )
+    if previous is None:
+        count: int | None = 1
+    else:
+        known = _known_count(previous)
+        count = None if known is None else known + 1
+    return ProviderRefusal(
+        provider_id=provider_id,
+        model=model if model is not None else (previous.model if previous else None),
+        category=category if category is not None else (previous.category if previous else None),
+        refusals=count,
+        refused_at=as_utc(now),
+    )
+
+
+def _verdict_words(verdict: RefusalVerdict, refusal: ProviderRefusal) -> str:
+    if verdict.state == "frozen":
+        since = refused_at_datetime(refusal)
+        return "frozen" + (f" since {since:%Y-%m-%d %H:%M} UTC" if since else " (legacy state)")
+    if verdict.state == "cooling" and verdict.next_probe_at is not None:
+        return f"cooling until {verdict.next_probe_at:%Y-%m-%d %H:%M} UTC"
+    return "eligible"
+
+
+def _notice(
+    seg_key: str,
+    group: list[tuple[ProviderRefusal, RefusalVerdict]],
+    severity: Severity,
+    now: datetime,
+    delays: Sequence[timedelta],
+) -> Notice:
+    ids = tuple(sorted(refusal.provider_id for refusal, _ in group))
+    reprobes = max(verdict.reprobes for _, verdict in group)
+    names = ", ".join(ids)
+    states = "; ".join(f"{r.provider_id}: {_verdict_words(v, r)}" for r, v in group)
+    sends = 1 + len(delays)
+    if severity == "critical":
+        text = (
+            f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
+            f"All {sends} sends are used up, so it is frozen in this segment ({states}). "
+            f"A boundary action is needed: {BOUNDARY_ACTIONS_TEXT}."
+        )
+    else:
+        text = (
+            f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
+            f"At most {len(delays)} re-probes follow ({states}); "
+            "the turn falls back to the next provider."
+        )
+    return Notice(
+        dedupe_key=f"provider-refusal:{seg_key}:{reprobes}:{','.join(ids)}",
+        severity=severity,
+        text=text,
+        segment_key=seg_key,
+        provider_ids=ids,
+        reprobes=reprobes,
+        created_at=as_utc(now),
+    )
+
+
+def refusal_notices(
+    seg_key: str,
+    refusals: Sequence[ProviderRefusal],
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> list[Notice]:
+    """R3.6: the notifications a set of refusal states calls for.
+
+    Only two moments speak: the first refusal (``reprobes == 0``, normal:
+    states the rule) and the freeze (critical: a person must act). Providers
+    in the same moment share one notice; re-probes in between are silent.
+    Critical comes first.
+    """
+    parse_segment_key(seg_key)
+    frozen: list[tuple[ProviderRefusal, RefusalVerdict]] = []
+    first: list[tuple[ProviderRefusal, RefusalVerdict]] = []
+    for refusal in refusals:
+        verdict = refusal_verdict(refusal, now, delays)
+        if verdict.state == "frozen":
+            frozen.append((refusal, verdict))
+        elif verdict.reprobes == 0 and _known_count(refusal):
+            first.append((refusal, verdict))
+    notices = []
+    if frozen:
+        notices.append(_notice(seg_key, frozen, "critical", now, delays))
+    if first:
+        notices.append(_notice(seg_key, first, "normal", now, delays))
+    return notices
+
+
+def refusal_notice(
+    seg_key: str,
+    refusals: Sequence[ProviderRefusal],
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> Notice | None:
+    """R3.6: the most severe notice for these refusal states, or None (silent)."""
+    notices = refusal_notices(seg_key, refusals, now, delays)
+    return notices[0] if notices else None
+
+
+# --- the llm-fallback card is the store of R3.2 state (R3.5) ---------------
+
+
+def card_entry(
+    refusal: ProviderRefusal,
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> dict[str, Any]:
+    """The per-provider refusal metadata written on an ``llm-fallback`` card.
+
+    Reads the state, never changes it (R3.3). ``refused_at`` is stored as
+    epoch milliseconds, the shape every reader accepts (R3.4).
+    """
+    verdict = refusal_verdict(refusal, now, delays)
+    return {
+        "provider_id": refusal.provider_id,
+        "model": refusal.model,
+        "category": refusal.category,
+        "refusals": _known_count(refusal),
+        "refused_at": epoch_ms(refusal.refused_at),
+        "state": verdict.state,
+        "reprobes": verdict.reprobes,
+        "next_probe_at": verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
+    }
+
+
+def refusal_from_card(entry: Mapping[str, Any]) -> ProviderRefusal:
+    """Read a card entry of any vintage back into state (R3.4).
+
+    Missing or malformed counts stay unknown, which reads as frozen.
+    """
+    provider_id = entry.get("provider_id") or entry.get("providerId")
+    if not isinstance(provider_id, str) or not provider_id:
+        raise RefusalError(f"card entry has no provider_id: {dict(entry)!r}")
+    count = entry.get("refusals")
+    if isinstance(count, bool) or not isinstance(count, int):
+        count = None
+    refused_at = entry.get("refused_at", entry.get("refusedAt"))
+    return ProviderRefusal(
+        provider_id=provider_id,
+        model=entry.get("model"),
+        category=entry.get("category"),
+        refusals=count,
+        refused_at=refused_at,
+    )

@@ -1,0 +1,642 @@
+"""Tests for governance.clocks: R6.1 (four clocks, business progress, capped
+stage budget) and R6.2 (timeouts named by their clock)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from governance.clocks import (
+    BUSINESS_PROGRESS_KINDS,
+    RunClockFacts,
+    RunEventKind,
+    StageClocks,
+    StageLimits,
+    TimeoutName,
+    TimeoutVerdict,
+    is_business_progress,
+    latest_progress_at,
+    name_stage_timeout,
+    name_timeout,
+    next_breach_at,
+    stage_budget,
+    stage_clocks,
+    stage_deadline_at,
+    watchdog_breach,
+)
+
+T0 = datetime(2026, 10, 19, 9, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+MIN = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+
+NON_PROGRESS = (
+    RunEventKind.TRANSPORT_HEARTBEAT,
+    RunEventKind.USAGE,
+    RunEventKind.REASONING_FRAGMENT,
+)
+PROGRESS = (
+    RunEventKind.MODEL_OUTPUT_ACCEPTED,
+    RunEventKind.BODY_CHUNK_COMMITTED,
+    RunEventKind.TOOL_RECEIPT,
+)
+
+
+def clocks_at(**overrides):
+    """A running stage of a run that started at T0 with a 1 h deadline."""
+    args = {
+        "enqueued_at": T0,
+        "started_at": T0 + 10 * S,
+        "finished_at": None,
+        "last_progress_at": T0,
+        "run_started_at": T0,
+        "deadline_at": T0 + HOUR,
+        "now": T0 + 30 * S,
+    }
+    args.update(overrides)
+    return stage_clocks(**args)
+
+
+def facts(**overrides):
+    args = {
+        "deadline_passed": False,
+        "no_progress_exceeded": False,
+        "stage_budget_exceeded": False,
+        "queue_wait_exceeded": False,
+        "body_interrupted_after_headers": False,
+    }
+    args.update(overrides)
+    return args
+
+
+# --------------------------------------------------------------------------- business progress
+
+
+@pytest.mark.parametrize("kind", PROGRESS)
+def test_r6_1_business_progress_kinds_count(kind):
+    """R6.1: accepted model output, committed body chunk, tool receipt are progress."""
+    assert is_business_progress(kind) is True
+    assert is_business_progress(kind.value) is True
+
+
+@pytest.mark.parametrize("kind", NON_PROGRESS)
+def test_r6_1_transport_usage_reasoning_are_not_progress(kind):
+    """R6.1: heartbeats, usage events and reasoning fragments are not business progress."""
+    assert is_business_progress(kind) is False
+    assert is_business_progress(kind.value) is False
+
+
+def test_r6_1_every_event_kind_is_classified():
+    """R6.1: the progress set is exactly the three business kinds."""
+    assert set(PROGRESS) | set(NON_PROGRESS) == set(RunEventKind)
+    assert frozenset(PROGRESS) == BUSINESS_PROGRESS_KINDS
+
+
+def test_r6_1_unknown_event_kind_is_rejected():
+    """R6.1: an unknown kind is an error, not silently "no progress"."""
+    with pytest.raises(ValueError, match="unknown run event kind"):
+        is_business_progress("keepalive")
+
+
+def test_r6_1_latest_progress_defaults_to_run_start():
+    """R6.1: with no business progress the no-progress clock starts at run start."""
+    events = [(RunEventKind.TRANSPORT_HEARTBEAT, T0 + MIN), ("usage", T0 + 2 * MIN)]
+    assert latest_progress_at(events, T0) == T0
+    assert latest_progress_at([], T0) == T0
+
+
+def test_r6_1_latest_progress_is_latest_business_event_in_any_order():
+    """R6.1: the latest business event wins, whatever the input order."""
+    events = [
+        (RunEventKind.TOOL_RECEIPT, T0 + 5 * MIN),
+        (RunEventKind.REASONING_FRAGMENT, T0 + 9 * MIN),
+        (RunEventKind.MODEL_OUTPUT_ACCEPTED, T0 + 2 * MIN),
+        ("body_chunk_committed", T0 + 7 * MIN),
+        (RunEventKind.TRANSPORT_HEARTBEAT, T0 + 8 * MIN),
+    ]
+    assert latest_progress_at(events, T0) == T0 + 7 * MIN
+
+
+def test_r6_1_latest_progress_rejects_event_before_run_start():
+    """R6.1: an event before the run started is out of order."""
+    with pytest.raises(ValueError, match="out-of-order"):
+        latest_progress_at([(RunEventKind.TOOL_RECEIPT, T0 - S)], T0)
+
+
+def test_r6_1_latest_progress_rejects_naive_times_and_unknown_kinds():
+    """R6.1: naive datetimes and unknown kinds are bad input."""
+    with pytest.raises(ValueError, match="timezone-aware"):
+        latest_progress_at([(RunEventKind.TOOL_RECEIPT, datetime(2026, 10, 19, 10))], T0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        latest_progress_at([], datetime(2026, 10, 19, 9))
+    with pytest.raises(ValueError, match="unknown run event kind"):
+        latest_progress_at([("ping", T0 + S)], T0)
+
+
+aware_offsets = st.integers(min_value=0, max_value=10_000_000)
+event_lists = st.lists(st.tuples(st.sampled_from(list(RunEventKind)), aware_offsets), max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=event_lists,
+    noise=st.lists(st.tuples(st.sampled_from(NON_PROGRESS), aware_offsets), max_size=20),
+    insert_at=st.randoms(use_true_random=False),
+)
+def test_r6_1_property_non_progress_events_never_move_latest_progress(base, noise, insert_at):
+    """R6.1: adding heartbeats/usage/reasoning anywhere never changes latest_progress_at."""
+    events = [(kind, T0 + ms * timedelta(milliseconds=1)) for kind, ms in base]
+    extra = [(kind, T0 + ms * timedelta(milliseconds=1)) for kind, ms in noise]
+    mixed = list(events)
+    for item in extra:
+        mixed.insert(insert_at.randint(0, len(mixed)), item)
+    assert latest_progress_at(mixed, T0) == latest_progress_at(events, T0)
+    business = [at for kind, at in events if kind in BUSINESS_PROGRESS_KINDS]
+    assert latest_progress_at(events, T0) == max([T0, *business])
+
+
+# --------------------------------------------------------------------------- four clocks
+
+
+def test_r6_1_running_stage_has_four_separate_clocks():
+    """R6.1: queue, execution, no-progress and deadline remaining of a running stage."""
+    clocks = clocks_at(
+        enqueued_at=T0 + 5 * S,
+        started_at=T0 + 20 * S,
+        last_progress_at=T0 + 12 * S,
+        now=T0 + 50 * S,
+    )
+    assert clocks == StageClocks(
+        queue=15 * S,
+        execution=30 * S,
+        no_progress=38 * S,
+        deadline_remaining=HOUR - 50 * S,
+    )
+    assert clocks.wall == 45 * S
+    assert clocks.deadline_passed is False
+
+
+def test_r6_1_queued_stage_has_zero_execution():
+    """R6.1: a stage still queued has execution 0 and its queue clock keeps running."""
+    clocks = clocks_at(started_at=None, now=T0 + 90 * S)
+    assert clocks.execution == timedelta(0)
+    assert clocks.queue == 90 * S
+
+
+def test_r6_1_finished_stage_clocks_stop_at_finished_at():
+    """R6.1: a finished stage's clocks stop at finished_at, whatever now is."""
+    clocks = clocks_at(
+        started_at=T0 + 10 * S,
+        finished_at=T0 + 40 * S,
+        last_progress_at=T0 + 40 * S,
+        now=T0 + 2 * HOUR,
+    )
+    assert clocks.queue == 10 * S
+    assert clocks.execution == 30 * S
+    assert clocks.no_progress == timedelta(0)
+    assert clocks.deadline_remaining == HOUR - 40 * S
+
+
+def test_r6_1_deadline_remaining_is_clamped_at_zero():
+    """R6.1: after the deadline the remaining time is zero, not negative."""
+    clocks = clocks_at(now=T0 + 2 * HOUR)
+    assert clocks.deadline_remaining == timedelta(0)
+    assert clocks.deadline_passed is True
+    assert clocks_at(now=T0 + HOUR).deadline_passed is True
+
+
+def test_r6_1_as_millis_uses_span_keys():
+    """R6.1: the four clocks as whole milliseconds under stable keys."""
+    clocks = clocks_at(
+        enqueued_at=T0,
+        started_at=T0 + timedelta(milliseconds=1500),
+        last_progress_at=T0 + S,
+        now=T0 + timedelta(milliseconds=4250, microseconds=999),
+    )
+    assert clocks.as_millis() == {
+        "queue_ms": 1500,
+        "execution_ms": 2750,
+        "no_progress_ms": 3250,
+        "deadline_remaining_ms": 3600_000 - 4251,
+    }
+
+
+def test_r6_1_clocks_accept_any_aware_timezone():
+    """R6.1: aware non-UTC times are compared as instants."""
+    plus2 = timezone(timedelta(hours=2))
+    clocks = clocks_at(now=(T0 + 30 * S).astimezone(plus2))
+    assert clocks.execution == 20 * S
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"started_at": T0 - S, "enqueued_at": T0}, "started_at"),
+        ({"enqueued_at": T0 - S}, "enqueued_at"),
+        ({"finished_at": T0 + 5 * S}, "finished_at"),
+        ({"finished_at": T0 + 40 * S, "now": T0 + 35 * S}, "now"),
+        ({"now": T0 + 5 * S}, "now"),
+        ({"started_at": None, "now": T0 - S}, "now"),
+        ({"last_progress_at": T0 - S}, "last_progress_at"),
+        ({"last_progress_at": T0 + 31 * S}, "last_progress_at"),
+        (
+            {"finished_at": T0 + 20 * S, "last_progress_at": T0 + 25 * S},
+            "last_progress_at",
+        ),
+        ({"deadline_at": T0}, "deadline_at"),
+        ({"deadline_at": T0 - HOUR}, "deadline_at"),
+        ({"started_at": None, "finished_at": T0 + 20 * S}, "must start first"),
+    ],
+)
+def test_r6_1_out_of_order_timestamps_raise(overrides, message):
+    """R6.1: out-of-order timestamps (negative clocks) are rejected."""
+    with pytest.raises(ValueError, match=message):
+        clocks_at(**overrides)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["enqueued_at", "started_at", "finished_at", "last_progress_at", "deadline_at", "now"],
+)
+def test_r6_1_naive_timestamps_raise(name):
+    """R6.1: every timestamp must be timezone-aware."""
+    naive = (T0 + 35 * S).replace(tzinfo=None)
+    overrides = {name: naive}
+    if name == "finished_at":
+        overrides["now"] = T0 + 40 * S
+    with pytest.raises(ValueError, match="timezone-aware"):
+        clocks_at(**overrides)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gaps=st.lists(st.integers(min_value=0, max_value=10**9), min_size=5, max_size=5),
+    progress_frac=st.floats(min_value=0, max_value=1),
+    state=st.sampled_from(["queued", "running", "finished"]),
+    deadline_ms=st.integers(min_value=1, max_value=10**10),
+)
+def test_r6_1_property_queue_plus_execution_within_wall_time(
+    gaps, progress_frac, state, deadline_ms
+):
+    """R6.1: queue + execution <= wall time, all clocks non-negative, in ms too."""
+    ms = timedelta(milliseconds=1)
+    run_started = T0
+    enqueued = run_started + gaps[0] * ms
+    started = enqueued + gaps[1] * ms
+    finished = started + gaps[2] * ms
+    now = finished + gaps[3] * ms
+    started_at = None if state == "queued" else started
+    finished_at = finished if state == "finished" else None
+    end = finished_at or now
+    progress = run_started + (end - run_started) * progress_frac
+    progress = min(max(progress, run_started), end)
+    clocks = stage_clocks(
+        enqueued_at=enqueued,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_progress_at=progress,
+        run_started_at=run_started,
+        deadline_at=run_started + deadline_ms * ms,
+        now=now,
+    )
+    wall = end - enqueued
+    assert clocks.queue + clocks.execution <= wall
+    for value in (clocks.queue, clocks.execution, clocks.no_progress, clocks.deadline_remaining):
+        assert value >= timedelta(0)
+    millis = clocks.as_millis()
+    assert millis["queue_ms"] + millis["execution_ms"] <= wall // ms
+    if state == "queued":
+        assert clocks.execution == timedelta(0)
+
+
+# --------------------------------------------------------------------------- stage budget
+
+
+def test_r6_1_stage_budget_is_full_when_deadline_is_far():
+    """R6.1: far from the deadline a stage gets its own budget."""
+    assert stage_budget(5 * MIN, T0, T0 + HOUR) == 5 * MIN
+
+
+def test_r6_1_stage_budget_is_capped_by_time_left():
+    """R6.1: near the deadline the stage gets only the time left."""
+    assert stage_budget(5 * MIN, T0 + HOUR - 90 * S, T0 + HOUR) == 90 * S
+
+
+def test_r6_1_stage_budget_is_zero_past_the_deadline():
+    """R6.1: no stage may wait legally past the run's end: budget 0, never negative."""
+    assert stage_budget(5 * MIN, T0 + 2 * HOUR, T0 + HOUR) == timedelta(0)
+    assert stage_budget(5 * MIN, T0 + HOUR, T0 + HOUR) == timedelta(0)
+
+
+def test_r6_1_stage_deadline_at_never_after_run_deadline():
+    """R6.1: a stage's deadline is min(start + budget, run deadline)."""
+    assert stage_deadline_at(5 * MIN, T0, T0 + HOUR) == T0 + 5 * MIN
+    assert stage_deadline_at(5 * MIN, T0 + HOUR - MIN, T0 + HOUR) == T0 + HOUR
+    late = stage_deadline_at(5 * MIN, T0 + 2 * HOUR, T0 + HOUR)
+    assert late == T0 + HOUR
+    assert late <= T0 + 2 * HOUR  # already expired when the stage starts
+
+
+@pytest.mark.parametrize("budget", [timedelta(0), -S])
+def test_r6_1_stage_budget_must_be_positive(budget):
+    """R6.1: a zero or negative stage budget is bad input."""
+    with pytest.raises(ValueError, match="positive"):
+        stage_budget(budget, T0, T0 + HOUR)
+    with pytest.raises(ValueError, match="positive"):
+        stage_deadline_at(budget, T0, T0 + HOUR)
+
+
+def test_r6_1_stage_budget_rejects_naive_times():
+    """R6.1: times must be timezone-aware."""
+    with pytest.raises(ValueError, match="timezone-aware"):
+        stage_budget(MIN, T0.replace(tzinfo=None), T0 + HOUR)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        stage_deadline_at(MIN, T0, (T0 + HOUR).replace(tzinfo=None))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    budget_ms=st.integers(min_value=1, max_value=10**9),
+    now_ms=st.integers(min_value=-(10**9), max_value=10**9),
+    deadline_ms=st.integers(min_value=-(10**9), max_value=10**9),
+)
+def test_r6_1_property_stage_budget_within_time_left(budget_ms, now_ms, deadline_ms):
+    """R6.1: 0 <= stage budget <= min(budget, time left to the deadline) for all inputs."""
+    ms = timedelta(milliseconds=1)
+    now, deadline = T0 + now_ms * ms, T0 + deadline_ms * ms
+    got = stage_budget(budget_ms * ms, now, deadline)
+    assert timedelta(0) <= got <= budget_ms * ms
+    assert got <= max(timedelta(0), deadline - now)
+    assert now + got <= max(now, deadline)
+    assert stage_deadline_at(budget_ms * ms, now, deadline) <= deadline
+
+
+# --------------------------------------------------------------------------- timeout names
+
+
+def test_r6_2_nothing_exceeded_is_no_timeout():
+    """R6.2: no clock ran out and no interruption: no name at all."""
+    assert name_timeout(**facts()) is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("deadline_passed", TimeoutName.DEADLINE_EXCEEDED),
+        ("no_progress_exceeded", TimeoutName.NO_PROGRESS),
+        ("stage_budget_exceeded", TimeoutName.STAGE_TIMEOUT),
+        ("queue_wait_exceeded", TimeoutName.QUEUE_WAIT),
+        ("body_interrupted_after_headers", TimeoutName.INTERRUPTED),
+    ],
+)
+def test_r6_2_each_clock_names_its_own_timeout(flag, expected):
+    """R6.2: each single fact gives the name of its clock."""
+    verdict = name_timeout(**facts(**{flag: True}))
+    assert verdict is not None
+    assert verdict.name is expected
+    assert verdict.name.value == expected.value
+
+
+def test_r6_2_interrupted_has_unknown_effect_and_timeouts_do_not_claim_one():
+    """R6.2: headers then a broken body is `interrupted` with effect unknown, never a timeout."""
+    verdict = name_timeout(**facts(body_interrupted_after_headers=True))
+    assert verdict == TimeoutVerdict(TimeoutName.INTERRUPTED, effect="unknown")
+    assert "timeout" not in verdict.name.value
+    assert name_timeout(**facts(stage_budget_exceeded=True)).effect is None
+
+
+def test_r6_2_deadline_wins_over_every_other_fact():
+    """R6.2: deadline first — it is the hardest limit."""
+    verdict = name_timeout(
+        deadline_passed=True,
+        no_progress_exceeded=True,
+        stage_budget_exceeded=True,
+        queue_wait_exceeded=True,
+        body_interrupted_after_headers=True,
+    )
+    assert verdict.name is TimeoutName.DEADLINE_EXCEEDED
+
+
+def test_r6_2_precedence_chain():
+    """R6.2: deadline > no_progress > stage_timeout > interrupted > queue_wait."""
+    assert (
+        name_timeout(**facts(no_progress_exceeded=True, stage_budget_exceeded=True)).name
+        is TimeoutName.NO_PROGRESS
+    )
+    assert (
+        name_timeout(**facts(stage_budget_exceeded=True, body_interrupted_after_headers=True)).name
+        is TimeoutName.STAGE_TIMEOUT
+    )
+    assert (
+        name_timeout(**facts(stage_budget_exceeded=True, queue_wait_exceeded=True)).name
+        is TimeoutName.STAGE_TIMEOUT
+    )
+    assert (
+        name_timeout(**facts(queue_wait_exceeded=True, body_interrupted_after_headers=True)).name
+        is TimeoutName.INTERRUPTED
+    )
+
+
+def test_r6_2_name_timeout_rejects_non_bool_facts():
+    """R6.2: facts are booleans; a truthy string is bad input."""
+    with pytest.raises(ValueError, match="bools"):
+        name_timeout(**facts(deadline_passed="yes"))
+
+
+def test_r6_2_seed_example_long_queue_is_queue_wait_not_stage_timeout():
+    """R6.2: 347 s queued + 13 s executing (360 s wall) is queue_wait, not stage_timeout."""
+    clocks = stage_clocks(
+        enqueued_at=T0,
+        started_at=T0 + 347 * S,
+        finished_at=T0 + 360 * S,
+        last_progress_at=T0 + 360 * S,
+        run_started_at=T0,
+        deadline_at=T0 + HOUR,
+        now=T0 + 361 * S,
+    )
+    assert clocks.wall == 360 * S
+    limits = StageLimits(queue_wait=120 * S, stage_budget=300 * S, no_progress=600 * S)
+    # The wall time is over the stage budget; the execution clock is not.
+    assert clocks.wall > limits.stage_budget
+    verdict = name_stage_timeout(clocks, limits)
+    assert verdict == TimeoutVerdict(TimeoutName.QUEUE_WAIT)
+
+
+def test_r6_2_clocks_within_limits_name_nothing():
+    """R6.2: a stage whose every clock is within its limit has no timeout."""
+    limits = StageLimits(queue_wait=MIN, stage_budget=MIN, no_progress=MIN)
+    assert name_stage_timeout(clocks_at(), limits) is None
+
+
+def test_r6_2_execution_over_budget_is_stage_timeout():
+    """R6.2: the execution clock reaching its budget is stage_timeout."""
+    limits = StageLimits(queue_wait=MIN, stage_budget=20 * S, no_progress=HOUR)
+    assert name_stage_timeout(clocks_at(), limits).name is TimeoutName.STAGE_TIMEOUT
+    # exactly at the budget counts as reached
+    assert name_stage_timeout(clocks_at(now=T0 + 30 * S), limits).name is (
+        TimeoutName.STAGE_TIMEOUT
+    )
+    relaxed = StageLimits(queue_wait=MIN, stage_budget=21 * S, no_progress=HOUR)
+    assert name_stage_timeout(clocks_at(), relaxed) is None
+
+
+def test_r6_2_reasoning_only_stage_is_no_progress():
+    """R6.2: a stage streaming reasoning without business progress is named no_progress."""
+    events = [(RunEventKind.REASONING_FRAGMENT, T0 + n * S) for n in range(1, 300)]
+    last = latest_progress_at(events, T0)
+    clocks = clocks_at(last_progress_at=last, now=T0 + 300 * S)
+    limits = StageLimits(queue_wait=MIN, stage_budget=10 * MIN, no_progress=2 * MIN)
+    assert name_stage_timeout(clocks, limits).name is TimeoutName.NO_PROGRESS
+
+
+def test_r6_2_clock_derived_interruption_and_deadline():
+    """R6.2: a broken body within all limits is interrupted; past the deadline it is not."""
+    limits = StageLimits(queue_wait=MIN, stage_budget=MIN, no_progress=MIN)
+    verdict = name_stage_timeout(clocks_at(), limits, body_interrupted_after_headers=True)
+    assert verdict == TimeoutVerdict(TimeoutName.INTERRUPTED, effect="unknown")
+    late = clocks_at(last_progress_at=T0 + HOUR, now=T0 + HOUR + S)
+    assert name_stage_timeout(late, limits, body_interrupted_after_headers=True).name is (
+        TimeoutName.DEADLINE_EXCEEDED
+    )
+
+
+@pytest.mark.parametrize("field", ["queue_wait", "stage_budget", "no_progress"])
+def test_r6_2_stage_limits_must_be_positive(field):
+    """R6.2: every limit is a positive duration."""
+    values = {"queue_wait": MIN, "stage_budget": MIN, "no_progress": MIN, field: timedelta(0)}
+    with pytest.raises(ValueError, match=field):
+        StageLimits(**values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queue_s=st.integers(min_value=0, max_value=10_000),
+    exec_s=st.integers(min_value=0, max_value=10_000),
+    queue_limit_s=st.integers(min_value=1, max_value=10_000),
+    budget_s=st.integers(min_value=1, max_value=10_000),
+    interrupted=st.booleans(),
+)
+def test_r6_2_property_queue_time_never_makes_a_stage_timeout(
+    queue_s, exec_s, queue_limit_s, budget_s, interrupted
+):
+    """R6.2: stage_timeout depends on the execution clock only, never on queue time."""
+    clocks = clocks_at(
+        enqueued_at=T0,
+        started_at=T0 + queue_s * S,
+        last_progress_at=T0 + (queue_s + exec_s) * S,
+        deadline_at=T0 + 10 * HOUR,
+        now=T0 + (queue_s + exec_s) * S,
+    )
+    limits = StageLimits(queue_wait=queue_limit_s * S, stage_budget=budget_s * S, no_progress=HOUR)
+    verdict = name_stage_timeout(clocks, limits, body_interrupted_after_headers=interrupted)
+    name = verdict.name if verdict else None
+    assert (name is TimeoutName.STAGE_TIMEOUT) == (exec_s >= budget_s)
+    if exec_s < budget_s and not interrupted:
+        assert name is (TimeoutName.QUEUE_WAIT if queue_s >= queue_limit_s else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flags=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_r6_2_property_deadline_always_first_and_interrupted_only_without_clock_evidence(flags):
+    """R6.2: deadline passed always names deadline_exceeded; interrupted only without
+    deadline/no-progress/stage evidence, and only interrupted has effect unknown."""
+    keys = [
+        "deadline_passed",
+        "no_progress_exceeded",
+        "stage_budget_exceeded",
+        "queue_wait_exceeded",
+        "body_interrupted_after_headers",
+    ]
+    given_facts = dict(zip(keys, flags, strict=True))
+    verdict = name_timeout(**given_facts)
+    if given_facts["deadline_passed"]:
+        assert verdict.name is TimeoutName.DEADLINE_EXCEEDED
+    if verdict is None:
+        assert not any(flags)
+    else:
+        assert (verdict.effect == "unknown") == (verdict.name is TimeoutName.INTERRUPTED)
+        if verdict.name is TimeoutName.INTERRUPTED:
+            assert given_facts["body_interrupted_after_headers"]
+            assert not any(flags[:3])
+
+
+# --------------------------------------------------------------------------- watchdog
+
+
+def run_facts(last_progress_min=0):
+    return RunClockFacts(
+        run_started_at=T0,
+        last_progress_at=T0 + last_progress_min * MIN,
+        deadline_at=T0 + HOUR,
+    )
+
+
+def test_r6_1_watchdog_healthy_run_has_no_breach():
+    """R6.1: recent progress and time left: the watchdog reports nothing."""
+    assert watchdog_breach(T0 + 10 * MIN, run_facts(8), no_progress_limit=5 * MIN) is None
+
+
+def test_r6_1_watchdog_reports_no_progress():
+    """R6.1: no business progress for the limit is a no_progress breach."""
+    verdict = watchdog_breach(T0 + 13 * MIN, run_facts(8), no_progress_limit=5 * MIN)
+    assert verdict == TimeoutVerdict(TimeoutName.NO_PROGRESS)
+    assert watchdog_breach(T0 + 12 * MIN, run_facts(8), no_progress_limit=5 * MIN) is None
+
+
+def test_r6_1_watchdog_reports_deadline_before_no_progress():
+    """R6.1/R6.2: past the deadline the breach is deadline_exceeded, even if stalled too."""
+    verdict = watchdog_breach(T0 + HOUR, run_facts(0), no_progress_limit=5 * MIN)
+    assert verdict == TimeoutVerdict(TimeoutName.DEADLINE_EXCEEDED)
+
+
+def test_r6_1_watchdog_next_breach_at():
+    """R6.1: the next instant to look is the earlier of stall limit and deadline."""
+    assert next_breach_at(run_facts(8), no_progress_limit=5 * MIN) == T0 + 13 * MIN
+    assert next_breach_at(run_facts(58), no_progress_limit=5 * MIN) == T0 + HOUR
+    run = run_facts(8)
+    at = next_breach_at(run, no_progress_limit=5 * MIN)
+    assert watchdog_breach(at, run, no_progress_limit=5 * MIN) is not None
+    assert watchdog_breach(at - S, run, no_progress_limit=5 * MIN) is None
+
+
+def test_r6_1_watchdog_bad_input():
+    """R6.1: out-of-order run facts, naive now, non-positive limit raise ValueError."""
+    with pytest.raises(ValueError, match="last_progress_at"):
+        RunClockFacts(run_started_at=T0, last_progress_at=T0 - S, deadline_at=T0 + HOUR)
+    with pytest.raises(ValueError, match="deadline_at"):
+        RunClockFacts(run_started_at=T0, last_progress_at=T0, deadline_at=T0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        RunClockFacts(run_started_at=T0.replace(tzinfo=None), last_progress_at=T0, deadline_at=T0)
+    with pytest.raises(ValueError, match="now"):
+        watchdog_breach(T0 + 7 * MIN, run_facts(8), no_progress_limit=5 * MIN)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        watchdog_breach(T0.replace(tzinfo=None), run_facts(0), no_progress_limit=5 * MIN)
+    with pytest.raises(ValueError, match="positive"):
+        watchdog_breach(T0 + MIN, run_facts(0), no_progress_limit=timedelta(0))
+    with pytest.raises(ValueError, match="positive"):
+        next_breach_at(run_facts(0), no_progress_limit=-S)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    progress_s=st.integers(min_value=0, max_value=3600),
+    elapsed_s=st.integers(min_value=0, max_value=7200),
+    limit_s=st.integers(min_value=1, max_value=3600),
+)
+def test_r6_1_property_watchdog_matches_clocks(progress_s, elapsed_s, limit_s):
+    """R6.1: the watchdog breaches exactly when a clock reaches its limit."""
+    run = RunClockFacts(
+        run_started_at=T0, last_progress_at=T0 + progress_s * S, deadline_at=T0 + HOUR
+    )
+    now = run.last_progress_at + elapsed_s * S
+    verdict = watchdog_breach(now, run, no_progress_limit=limit_s * S)
+    if now >= run.deadline_at:
+        assert verdict.name is TimeoutName.DEADLINE_EXCEEDED
+    elif elapsed_s >= limit_s:
+        assert verdict.name is TimeoutName.NO_PROGRESS
+    else:
+        assert verdict is None
+    assert (verdict is None) == (now < next_breach_at(run, no_progress_limit=limit_s * S))

@@ -1,0 +1,1101 @@
+"""Tests for governance.health: R2.1–R2.4 and R6.2 (`interrupted`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from governance.health import (
+    FAILURE_CLASSES,
+    TIME_BASED_CLASSES,
+    AttemptEvidence,
+    BreakerPolicy,
+    Classification,
+    ProviderHealth,
+    TurnRefusal,
+    TurnRefusalMemory,
+    admit_probe,
+    breaker_cooldown,
+    classify_attempt,
+    effective_breaker_state,
+    health_verdict,
+    parse_retry_after,
+    prune_turn_refusals,
+    record_failure,
+    record_success,
+    remember_turn_refusal,
+    turn_recently_refused,
+)
+from governance.refusal import REFUSAL_REPROBE_DELAYS, REFUSAL_SCOPE_TTL
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+NO_JITTER = BreakerPolicy(jitter_ratio=0.0)
+FINGERPRINT = "cfg-v1"
+
+
+def classify(**fields: object) -> Classification:
+    fields.setdefault("adapter", "openai")
+    return classify_attempt(AttemptEvidence(**fields), T0)  # type: ignore[arg-type]
+
+
+def failure(failure_class: str, retry_after_seconds: float | None = None) -> Classification:
+    return Classification(
+        failure_class=failure_class,  # type: ignore[arg-type]
+        refusal_category="policy" if failure_class == "refusal" else None,
+        effect="unknown" if failure_class == "interrupted" else "none",
+        retry_after_seconds=retry_after_seconds,
+    )
+
+
+def fail(
+    health: ProviderHealth,
+    failure_class: str,
+    now: datetime,
+    policy: BreakerPolicy = NO_JITTER,
+    retry_after_seconds: float | None = None,
+    seed: int = 0,
+    config_fingerprint: str | None = None,
+) -> ProviderHealth:
+    return record_failure(
+        health,
+        failure(failure_class, retry_after_seconds),
+        now,
+        policy,
+        random.Random(seed),
+        config_fingerprint,
+    )
+
+
+def fail_times(health: ProviderHealth, failure_class: str, count: int, now: datetime, **kw):
+    for _ in range(count):
+        health = fail(health, failure_class, now, **kw)
+    return health
+
+
+# ---------------------------------------------------------------------------
+# R2.1: classification table
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 529])
+def test_r2_1_http_5xx_is_server_error(status: int) -> None:
+    result = classify(status_code=status, headers_received=True)
+    assert result.failure_class == "server_error"
+    assert result.effect == "none"
+    assert result.refusal_category is None
+
+
+def test_r2_1_anthropic_529_overloaded_error_is_server_error() -> None:
+    assert (
+        classify(adapter="anthropic", status_code=529, error_code="overloaded_error").failure_class
+        == "server_error"
+    )
+
+
+def test_r2_1_overloaded_error_event_mid_stream_is_server_error_not_interrupted() -> None:
+    """R2.1: an explicit overloaded error after 200 headers is server evidence, not R6.2."""
+    result = classify(
+        adapter="anthropic",
+        status_code=200,
+        headers_received=True,
+        body_complete=False,
+        error_code="overloaded_error",
+    )
+    assert result.failure_class == "server_error"
+    assert result.effect == "none"
+
+
+def test_r2_1_429_is_rate_limited() -> None:
+    assert classify(status_code=429).failure_class == "rate_limited"
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (429, "insufficient_quota"),
+        (403, "insufficient_quota"),
+        (None, "rate_limit_error"),
+        (400, "RESOURCE_EXHAUSTED"),
+        (402, None),
+    ],
+)
+def test_r2_1_quota_errors_are_rate_limited(status: int | None, code: str | None) -> None:
+    assert classify(status_code=status, error_code=code).failure_class == "rate_limited"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_r2_1_401_and_403_are_auth(status: int) -> None:
+    assert classify(status_code=status).failure_class == "auth"
+
+
+@pytest.mark.parametrize("code", ["authentication_error", "permission_error", "invalid_api_key"])
+def test_r2_1_auth_error_codes_without_status_are_auth(code: str) -> None:
+    assert classify(adapter="anthropic", error_code=code).failure_class == "auth"
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 413, 422])
+def test_r2_1_other_4xx_are_bad_request(status: int) -> None:
+    result = classify(status_code=status, error_code="invalid_request_error")
+    assert result.failure_class == "bad_request"
+
+
+def test_r2_1_408_is_timeout() -> None:
+    """R2.1: the server's own request clock fired."""
+    assert classify(status_code=408).failure_class == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("transport", "expected"),
+    [
+        ("connect_timeout", "timeout"),
+        ("read_timeout", "timeout"),
+        ("connect_error", "network"),
+        ("connection_reset", "network"),
+    ],
+)
+def test_r2_1_transport_errors_before_headers(transport: str, expected: str) -> None:
+    result = classify(transport_error=transport)
+    assert result.failure_class == expected
+    assert result.effect == "none"
+
+
+def test_r2_1_deadline_evidence_before_headers_is_timeout() -> None:
+    assert classify(deadline_evidence=True).failure_class == "timeout"
+    assert classify(deadline_evidence=True, transport_error="connection_reset").failure_class == (
+        "timeout"
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"adapter": "openai", "status_code": 200, "finish_reason": "stop"},
+        {"adapter": "openai", "status_code": 200, "finish_reason": "length"},
+        {"adapter": "anthropic", "headers_received": True, "stop_reason": "end_turn"},
+        {"adapter": "scripted"},
+        {"adapter": "openai", "status_code": 200, "message_refusal": "   "},
+    ],
+)
+def test_r2_1_a_complete_normal_answer_is_not_a_failure(fields: dict) -> None:
+    assert classify(**fields) == Classification(None, None, "none", None)
+
+
+def test_r2_1_unknown_error_code_with_error_status_falls_back_to_status() -> None:
+    assert classify(status_code=503, error_code="weird_thing").failure_class == "server_error"
+    assert classify(status_code=418, error_code="weird_thing").failure_class == "bad_request"
+
+
+evidence_strategy = st.builds(
+    AttemptEvidence,
+    adapter=st.sampled_from(["openai", "anthropic", "scripted"]),
+    status_code=st.none() | st.integers(100, 599),
+    error_code=st.none()
+    | st.sampled_from(
+        [
+            "content_policy_violation",
+            "content_filter",
+            "insufficient_quota",
+            "overloaded_error",
+            "authentication_error",
+            "invalid_request_error",
+            "timeout_error",
+            "other",
+        ]
+    ),
+    finish_reason=st.none() | st.sampled_from(["stop", "length", "content_filter"]),
+    message_refusal=st.none() | st.sampled_from(["", "I can't help with that."]),
+    stop_reason=st.none() | st.sampled_from(["end_turn", "refusal"]),
+    scripted_refusal_category=st.none() | st.sampled_from(["policy", "content_filter"]),
+    transport_error=st.none() | st.sampled_from(["read_timeout", "connection_reset"]),
+    headers_received=st.just(True),
+    body_complete=st.booleans(),
+    deadline_evidence=st.booleans(),
+    retry_after=st.none() | st.sampled_from(["5", "garbage", 2.5]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(evidence=evidence_strategy)
+def test_r2_1_every_attempt_gets_exactly_one_consistent_class(evidence: AttemptEvidence) -> None:
+    result = classify_attempt(evidence, T0)
+    assert result.failure_class is None or result.failure_class in FAILURE_CLASSES
+    assert (result.failure_class == "refusal") == (result.refusal_category is not None)
+    assert (result.effect == "unknown") == (result.failure_class == "interrupted")
+    # Deterministic: the same evidence always gets the same class.
+    assert classify_attempt(evidence, T0) == result
+
+
+# ---------------------------------------------------------------------------
+# R2.4: refusal detection per adapter
+
+
+def test_r2_4_openai_finish_reason_content_filter_is_refusal() -> None:
+    result = classify(status_code=200, finish_reason="content_filter")
+    assert (result.failure_class, result.refusal_category) == ("refusal", "content_filter")
+
+
+def test_r2_4_openai_non_empty_message_refusal_is_refusal() -> None:
+    result = classify(status_code=200, finish_reason="stop", message_refusal="I can't help.")
+    assert (result.failure_class, result.refusal_category) == ("refusal", "refusal")
+
+
+@pytest.mark.parametrize(
+    ("code", "category"),
+    [
+        ("content_policy_violation", "policy"),
+        ("Content_Policy_Violation", "policy"),
+        ("content_filter", "content_filter"),
+        ("ResponsibleAIPolicyViolation", "policy"),
+    ],
+)
+def test_r2_4_openai_http_400_with_content_policy_code_is_refusal(code: str, category: str) -> None:
+    result = classify(status_code=400, error_code=code)
+    assert (result.failure_class, result.refusal_category) == ("refusal", category)
+    assert result.effect == "none"
+
+
+def test_r2_4_openai_400_not_about_content_is_bad_request() -> None:
+    assert classify(status_code=400, error_code="context_length_exceeded").failure_class == (
+        "bad_request"
+    )
+
+
+def test_r2_4_content_policy_code_on_other_status_follows_the_status() -> None:
+    """R2.4 names an HTTP 400; a 403 carrying such a code stays auth."""
+    assert classify(status_code=403, error_code="content_policy_violation").failure_class == "auth"
+
+
+def test_r2_4_anthropic_stop_reason_refusal_is_refusal() -> None:
+    result = classify(adapter="anthropic", status_code=200, stop_reason="refusal")
+    assert (result.failure_class, result.refusal_category) == ("refusal", "refusal")
+
+
+def test_r2_4_detection_is_per_adapter() -> None:
+    """R2.4: each adapter's refusal signal is read only for that adapter."""
+    assert classify(adapter="anthropic", status_code=200, finish_reason="content_filter") == (
+        Classification(None, None, "none", None)
+    )
+    assert classify(adapter="openai", status_code=200, stop_reason="refusal").failure_class is None
+    assert classify(adapter="scripted", status_code=200, message_refusal="no").failure_class is None
+    assert (
+        classify(adapter="anthropic", status_code=400, error_code="content_policy_violation")
+    ).failure_class == "bad_request"
+
+
+def test_r2_4_scripted_refusal_keeps_declared_category() -> None:
+    result = classify(adapter="scripted", scripted_refusal_category="self_harm")
+    assert (result.failure_class, result.refusal_category) == ("refusal", "self_harm")
+
+
+def test_r2_4_scripted_refusal_must_name_a_category() -> None:
+    with pytest.raises(ValueError, match="scripted_refusal_category"):
+        AttemptEvidence(adapter="scripted", scripted_refusal_category="")
+
+
+def test_r2_4_refusal_signal_wins_over_other_evidence() -> None:
+    result = classify(
+        status_code=200, finish_reason="content_filter", headers_received=True, retry_after="9"
+    )
+    assert result.failure_class == "refusal"
+
+
+# ---------------------------------------------------------------------------
+# R6.2: interrupted is not timeout
+
+
+def test_r6_2_body_broken_after_headers_without_deadline_is_interrupted() -> None:
+    result = classify(status_code=200, headers_received=True, body_complete=False)
+    assert result.failure_class == "interrupted"
+    assert result.effect == "unknown"
+
+
+def test_r6_2_connection_reset_after_headers_is_interrupted_not_network() -> None:
+    result = classify(
+        headers_received=True, body_complete=False, transport_error="connection_reset"
+    )
+    assert (result.failure_class, result.effect) == ("interrupted", "unknown")
+
+
+def test_r6_2_body_broken_with_deadline_evidence_is_timeout() -> None:
+    result = classify(
+        status_code=200, headers_received=True, body_complete=False, deadline_evidence=True
+    )
+    assert (result.failure_class, result.effect) == ("timeout", "none")
+
+
+def test_r6_2_read_timeout_after_headers_is_a_fired_clock() -> None:
+    """R6.2: a read timeout is a timeout clock that fired, so it names a timeout."""
+    result = classify(headers_received=True, body_complete=False, transport_error="read_timeout")
+    assert result.failure_class == "timeout"
+
+
+def test_r6_2_interrupted_never_moves_the_breaker() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 2, T0)
+    interrupted = classify(status_code=200, headers_received=True, body_complete=False)
+    after = record_failure(health, interrupted, T0, NO_JITTER, random.Random(1))
+    assert after == health
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    adapter=st.sampled_from(["openai", "anthropic", "scripted"]),
+    status=st.none() | st.integers(200, 299),
+    reset=st.booleans(),
+)
+def test_r6_2_broken_body_without_clock_is_always_interrupted(
+    adapter: str, status: int | None, reset: bool
+) -> None:
+    evidence = AttemptEvidence(
+        adapter=adapter,  # type: ignore[arg-type]
+        status_code=status,
+        headers_received=True,
+        body_complete=False,
+        transport_error="connection_reset" if reset else None,
+    )
+    result = classify_attempt(evidence, T0)
+    assert result.failure_class == "interrupted"
+    assert result.effect == "unknown"
+
+
+# ---------------------------------------------------------------------------
+# R2.2: Retry-After parsing
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [
+        ("120", 120.0),
+        (" 7 ", 7.0),
+        ("1.5", 1.5),
+        (30, 30.0),
+        (2.25, 2.25),
+        ("0", 0.0),
+        ("Sat, 01 Mar 2025 12:02:00 GMT", 120.0),
+        ("Saturday, 01-Mar-25 12:00:45 GMT", 45.0),
+        ("Sat Mar  1 12:10:00 2025", 600.0),
+        ("Fri, 28 Feb 2025 12:00:00 GMT", 0.0),
+    ],
+)
+def test_r2_2_retry_after_forms(raw: str | float, seconds: float) -> None:
+    assert parse_retry_after(raw, T0) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "raw", ["soon", "-5", "", "Sat, 32 Mar 2025 12:00:00 GMT", "Sat, 01 Foo 2025 12:00:00 GMT",
+            -1, float("inf"), float("nan")]
+)  # fmt: skip
+def test_r2_2_unusable_retry_after_is_treated_as_absent(raw: str | float) -> None:
+    assert parse_retry_after(raw, T0) is None
+
+
+def test_r2_2_retry_after_none_is_absent() -> None:
+    assert parse_retry_after(None, T0) is None
+
+
+def test_r2_2_retry_after_wrong_type_is_a_caller_error() -> None:
+    with pytest.raises(ValueError, match="retry_after"):
+        parse_retry_after(True, T0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="retry_after"):
+        AttemptEvidence(adapter="openai", retry_after=[1])  # type: ignore[arg-type]
+
+
+def test_r2_2_retry_after_needs_an_aware_now() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        parse_retry_after("5", datetime(2025, 3, 1, 12, 0))
+
+
+def test_r2_2_retry_after_accepts_non_utc_aware_now() -> None:
+    plus_two = T0.astimezone(timezone(timedelta(hours=2)))
+    assert parse_retry_after("Sat, 01 Mar 2025 12:01:00 GMT", plus_two) == pytest.approx(60.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(offset=st.integers(min_value=0, max_value=10 * 24 * 3600))
+def test_r2_2_retry_after_http_date_round_trip(offset: int) -> None:
+    moment = T0 + timedelta(seconds=offset)
+    raw = moment.strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert parse_retry_after(raw, T0) == pytest.approx(offset)
+    assert parse_retry_after(str(offset), T0) == offset
+
+
+def test_r2_2_classification_carries_retry_after() -> None:
+    result = classify(status_code=429, retry_after="Sat, 01 Mar 2025 12:00:30 GMT")
+    assert result.retry_after_seconds == pytest.approx(30.0)
+    assert classify(status_code=200).retry_after_seconds is None
+
+
+# ---------------------------------------------------------------------------
+# Bad input to the classification types (R2.1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"adapter": "gemini"}, "unknown adapter"),
+        ({"adapter": "openai", "status_code": 99}, "status_code"),
+        ({"adapter": "openai", "status_code": 600}, "status_code"),
+        ({"adapter": "openai", "status_code": True}, "status_code"),
+        ({"adapter": "openai", "transport_error": "dns"}, "transport_error"),
+        (
+            {"adapter": "openai", "headers_received": True, "transport_error": "connect_error"},
+            "before any response",
+        ),
+        ({"adapter": "openai", "status_code": 200, "transport_error": "connect_timeout"}, "before"),
+        ({"adapter": "openai", "body_complete": False}, "body_complete"),
+    ],
+)
+def test_r2_1_contradictory_or_unknown_evidence_is_rejected(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AttemptEvidence(**fields)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("refusal", None, "none", None),
+        ("server_error", "policy", "none", None),
+        ("interrupted", None, "none", None),
+        ("timeout", None, "unknown", None),
+        ("rate_limited", None, "none", -1.0),
+        ("rate_limited", None, "none", float("nan")),
+        (None, None, "none", 3.0),
+        ("gremlins", None, "none", None),
+        ("server_error", None, "maybe", None),
+    ],
+)
+def test_r2_1_inconsistent_classification_is_rejected(args: tuple) -> None:
+    with pytest.raises(ValueError):
+        Classification(*args)
+
+
+def test_r2_1_classify_needs_evidence_and_aware_now() -> None:
+    with pytest.raises(TypeError):
+        classify_attempt({"adapter": "openai"}, T0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        classify_attempt(AttemptEvidence(adapter="openai"), datetime(2025, 1, 1))
+
+
+def test_r2_2_time_based_classes_are_exactly_the_four() -> None:
+    assert frozenset({"server_error", "rate_limited", "timeout", "network"}) == TIME_BASED_CLASSES
+    assert failure("server_error").moves_breaker
+    assert not failure("refusal").moves_breaker
+
+
+# ---------------------------------------------------------------------------
+# R2.2: breaker transitions
+
+
+def test_r2_2_breaker_opens_after_three_consecutive_failures_by_default() -> None:
+    health = ProviderHealth("p")
+    for _ in range(2):
+        health = fail(health, "server_error", T0)
+        assert health.breaker == "closed"
+        assert health_verdict(health, T0).available
+    health = fail(health, "server_error", T0)
+    verdict = health_verdict(health, T0)
+    assert (health.breaker, health.trips, health.consecutive_failures) == ("open", 1, 3)
+    assert health.open_until == T0 + NO_JITTER.base_cooldown
+    assert (verdict.available, verdict.state, verdict.retry_at) == (
+        False,
+        "open",
+        health.open_until,
+    )
+    assert "3 consecutive" in verdict.reason
+    assert "server_error" in verdict.reason
+    assert "12:00:30 UTC" in verdict.reason
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 5])
+def test_r2_2_threshold_is_configurable(threshold: int) -> None:
+    policy = BreakerPolicy(failure_threshold=threshold, jitter_ratio=0.0)
+    health = fail_times(ProviderHealth("p"), "network", threshold - 1, T0, policy=policy)
+    assert health.breaker == "closed"
+    assert fail(health, "network", T0, policy=policy).breaker == "open"
+
+
+def test_r2_2_mixed_time_based_classes_count_together() -> None:
+    health = ProviderHealth("p")
+    for failure_class in ("server_error", "timeout", "network"):
+        health = fail(health, failure_class, T0)
+    assert health.breaker == "open"
+    # The class that tripped it sets the cooldown base: network uses the short one.
+    assert health.open_until == T0 + NO_JITTER.timeout_cooldown
+
+
+def test_r2_2_open_until_then_half_open_at_the_boundary() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    assert health.open_until is not None
+    just_before = health.open_until - timedelta(microseconds=1)
+    assert health_verdict(health, just_before).state == "open"
+    assert effective_breaker_state(health, just_before) == "open"
+    verdict = health_verdict(health, health.open_until)
+    assert (verdict.available, verdict.state, verdict.retry_at) == (True, "half_open", None)
+    assert effective_breaker_state(health, health.open_until) == "half_open"
+
+
+def test_r2_2_half_open_failure_reopens_with_next_backoff_step() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    expected = NO_JITTER.base_cooldown
+    for trips in range(2, 8):
+        assert health.open_until is not None
+        probe_time = health.open_until
+        health = fail(health, "server_error", probe_time)
+        expected = min(NO_JITTER.max_cooldown, expected * 2)
+        assert (health.breaker, health.trips) == ("open", trips)
+        assert health.open_until == probe_time + expected
+    assert expected == NO_JITTER.max_cooldown  # 30s * 2**6 is above 10 min: capped
+
+
+def test_r2_2_success_closes_and_resets_the_backoff() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    health = fail(health, "server_error", health.open_until)  # trips 2
+    probe = health.open_until
+    closed = record_success(health, probe)
+    assert (closed.breaker, closed.consecutive_failures, closed.trips, closed.open_until) == (
+        "closed",
+        0,
+        0,
+        None,
+    )
+    assert closed.last_success_at == probe
+    assert closed.last_failure_class == "server_error"  # history stays
+    assert health_verdict(closed, probe).state == "closed"
+    # The next outage starts from the base cooldown again.
+    reopened = fail_times(closed, "server_error", 3, probe)
+    assert reopened.open_until == probe + NO_JITTER.base_cooldown
+
+
+def test_r2_2_success_breaks_the_consecutive_count() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 2, T0)
+    health = record_success(health, T0)
+    health = fail_times(health, "server_error", 2, T0)
+    assert health.breaker == "closed"
+
+
+def test_r2_2_timeout_and_network_use_the_short_cooldown() -> None:
+    for failure_class in ("timeout", "network"):
+        health = fail_times(ProviderHealth("p"), failure_class, 3, T0)
+        assert health.open_until == T0 + NO_JITTER.timeout_cooldown
+    assert NO_JITTER.timeout_cooldown < NO_JITTER.base_cooldown
+
+
+def test_r2_2_failure_reported_while_open_keeps_the_window() -> None:
+    """R2.2: a late report from an attempt started before the open is no new trip."""
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    later = T0 + timedelta(seconds=10)
+    after = fail(health, "server_error", later)
+    assert (after.breaker, after.trips, after.open_until) == ("open", 1, health.open_until)
+    assert after.consecutive_failures == 4
+    assert after.last_failure_at == later
+
+
+def test_r2_2_jitter_comes_from_the_injected_rng() -> None:
+    policy = BreakerPolicy()  # jitter ±20 %
+    opens = set()
+    for seed in range(20):
+        health = fail_times(ProviderHealth("p"), "server_error", 3, T0, policy=policy, seed=seed)
+        again = fail_times(ProviderHealth("p"), "server_error", 3, T0, policy=policy, seed=seed)
+        assert health.open_until == again.open_until  # same seed, same cooldown
+        assert health.open_until is not None
+        cooldown = health.open_until - T0
+        assert timedelta(seconds=24) <= cooldown <= timedelta(seconds=36)
+        opens.add(cooldown)
+    assert len(opens) > 1  # the rng actually spreads the cooldowns
+
+
+def test_r2_2_cooldown_table_without_jitter() -> None:
+    rng = random.Random(0)
+    seconds = [
+        breaker_cooldown(NO_JITTER, "server_error", trips, rng).total_seconds()
+        for trips in range(1, 7)
+    ]
+    assert seconds == [30, 60, 120, 240, 480, 600]
+    assert breaker_cooldown(NO_JITTER, "timeout", 1, rng) == timedelta(seconds=10)
+    assert breaker_cooldown(NO_JITTER, "network", 10_000, rng) == NO_JITTER.max_cooldown
+
+
+def test_r2_2_cooldown_rejects_non_time_classes_and_bad_trips() -> None:
+    rng = random.Random(0)
+    with pytest.raises(ValueError, match="not time-based"):
+        breaker_cooldown(NO_JITTER, "refusal", 1, rng)
+    with pytest.raises(ValueError, match="trips"):
+        breaker_cooldown(NO_JITTER, "server_error", 0, rng)
+
+
+# R2.2: Retry-After for rate_limited
+
+
+def test_r2_2_rate_limit_with_retry_after_opens_immediately() -> None:
+    health = fail(ProviderHealth("p"), "rate_limited", T0, retry_after_seconds=90)
+    verdict = health_verdict(health, T0)
+    assert (health.breaker, health.trips, health.consecutive_failures) == ("open", 1, 1)
+    assert verdict.retry_at == T0 + timedelta(seconds=90)
+    assert not verdict.available
+    assert health_verdict(health, T0 + timedelta(seconds=90)).state == "half_open"
+
+
+def test_r2_2_rate_limit_without_retry_after_waits_for_the_threshold() -> None:
+    health = fail_times(ProviderHealth("p"), "rate_limited", 2, T0)
+    assert health.breaker == "closed"
+    health = fail(health, "rate_limited", T0)
+    assert health.open_until == T0 + NO_JITTER.base_cooldown
+
+
+@pytest.mark.parametrize(("retry_after", "expected"), [(5, 30), (300, 300)])
+def test_r2_2_retry_after_at_threshold_takes_the_later_time(
+    retry_after: float, expected: float
+) -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 2, T0)
+    health = fail(health, "rate_limited", T0, retry_after_seconds=retry_after)
+    assert health.open_until == T0 + timedelta(seconds=expected)
+
+
+def test_r2_2_retry_after_is_bounded_by_max_retry_after() -> None:
+    policy = BreakerPolicy(jitter_ratio=0.0, max_retry_after=timedelta(hours=1))
+    health = fail(ProviderHealth("p"), "rate_limited", T0, policy=policy, retry_after_seconds=1e12)
+    assert health.open_until == T0 + timedelta(hours=1)
+
+
+def test_r2_2_retry_after_while_open_extends_the_window() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    after = fail(health, "rate_limited", T0, retry_after_seconds=120)
+    assert after.open_until == T0 + timedelta(seconds=120)
+    assert after.trips == 1
+
+
+def test_r2_2_retry_after_is_ignored_for_server_error() -> None:
+    """R2.2 honours Retry-After for rate_limited only."""
+    health = fail(ProviderHealth("p"), "server_error", T0, retry_after_seconds=500)
+    assert health.breaker == "closed"
+
+
+# R2.2: one half-open probe
+
+
+def test_r2_2_admitted_probe_holds_the_slot_until_its_lease_ends() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    probe_time = health.open_until
+    probing = admit_probe(health, probe_time, NO_JITTER)
+    verdict = health_verdict(probing, probe_time)
+    assert (probing.breaker, verdict.available, verdict.state) == ("half_open", False, "half_open")
+    assert verdict.retry_at == probe_time + NO_JITTER.probe_lease
+    with pytest.raises(ValueError, match="no half-open probe is due"):
+        admit_probe(probing, probe_time, NO_JITTER)
+    # A probe that never reports does not lock the provider out.
+    assert health_verdict(probing, probe_time + NO_JITTER.probe_lease).available
+    # The probe's outcome resolves the half-open state.
+    assert record_success(probing, probe_time).breaker == "closed"
+    reopened = fail(probing, "timeout", probe_time)
+    assert (reopened.breaker, reopened.trips, reopened.probe_lease_until) == ("open", 2, None)
+
+
+def test_r2_2_no_probe_is_admitted_when_closed_or_open() -> None:
+    with pytest.raises(ValueError, match="closed"):
+        admit_probe(ProviderHealth("p"), T0, NO_JITTER)
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    with pytest.raises(ValueError, match="open"):
+        admit_probe(health, T0, NO_JITTER)
+
+
+def test_r2_2_verdict_reason_for_closed_counts_failures() -> None:
+    assert health_verdict(ProviderHealth("p"), T0).reason == "breaker closed"
+    health = fail(ProviderHealth("p"), "timeout", T0)
+    assert "1 consecutive" in health_verdict(health, T0).reason
+
+
+def test_r2_2_verdict_reason_names_the_date_when_not_today() -> None:
+    policy = BreakerPolicy(jitter_ratio=0.0, max_retry_after=timedelta(days=3))
+    health = fail(ProviderHealth("p"), "rate_limited", T0, policy=policy, retry_after_seconds=86400)
+    assert "2025-03-02 12:00:00 UTC" in health_verdict(health, T0).reason
+
+
+def test_r2_2_record_failure_rejects_a_success() -> None:
+    with pytest.raises(ValueError, match="record_success"):
+        record_failure(
+            ProviderHealth("p"),
+            Classification(None, None, "none", None),
+            T0,
+            NO_JITTER,
+            random.Random(0),
+        )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"failure_threshold": 0},
+        {"failure_threshold": 2.5},
+        {"base_cooldown": timedelta(0)},
+        {"max_cooldown": timedelta(seconds=-1)},
+        {"base_cooldown": timedelta(hours=1)},
+        {"timeout_cooldown": timedelta(hours=1)},
+        {"jitter_ratio": 1.0},
+        {"jitter_ratio": -0.1},
+        {"probe_lease": timedelta(0)},
+        {"max_retry_after": 5},
+    ],
+)
+def test_r2_2_bad_policy_is_rejected(fields: dict) -> None:
+    with pytest.raises(ValueError):
+        BreakerPolicy(**fields)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"provider_id": ""},
+        {"provider_id": "p", "breaker": "ajar"},
+        {"provider_id": "p", "breaker": "open"},
+        {"provider_id": "p", "consecutive_failures": -1},
+        {"provider_id": "p", "trips": True},
+        {"provider_id": "p", "last_failure_class": "gremlins"},
+        {"provider_id": "p", "last_failure_at": datetime(2025, 1, 1)},
+    ],
+)
+def test_r2_2_bad_health_record_is_rejected(fields: dict) -> None:
+    with pytest.raises(ValueError):
+        ProviderHealth(**fields)
+
+
+def test_r2_2_naive_now_is_rejected_everywhere() -> None:
+    naive = datetime(2025, 3, 1, 12)
+    health = ProviderHealth("p")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        health_verdict(health, naive)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        record_success(health, naive)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        record_failure(health, failure("timeout"), naive, NO_JITTER, random.Random(0))
+
+
+# ---------------------------------------------------------------------------
+# R2.1: auth disables until the configuration changes
+
+
+def test_r2_1_auth_disables_until_config_changes() -> None:
+    health = fail(ProviderHealth("p"), "auth", T0, config_fingerprint=FINGERPRINT)
+    assert health.disabled_config == FINGERPRINT
+    assert health.breaker == "closed"  # not a time fact
+    much_later = T0 + timedelta(days=30)
+    for fingerprint in (FINGERPRINT, None):
+        verdict = health_verdict(health, much_later, fingerprint)
+        assert (verdict.available, verdict.state, verdict.retry_at) == (False, "disabled", None)
+        assert "configuration change" in verdict.reason
+    changed = health_verdict(health, much_later, "cfg-v2")
+    assert (changed.available, changed.state) == (True, "closed")
+
+
+def test_r2_1_auth_failure_needs_a_config_fingerprint() -> None:
+    with pytest.raises(ValueError, match="config_fingerprint"):
+        fail(ProviderHealth("p"), "auth", T0)
+
+
+def test_r2_1_auth_does_not_count_toward_the_breaker() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 2, T0)
+    health = fail(health, "auth", T0, config_fingerprint=FINGERPRINT)
+    assert (health.breaker, health.consecutive_failures) == ("closed", 2)
+
+
+def test_r2_1_new_config_clears_the_disablement() -> None:
+    disabled = fail(ProviderHealth("p"), "auth", T0, config_fingerprint=FINGERPRINT)
+    after_failure = fail(disabled, "timeout", T0, config_fingerprint="cfg-v2")
+    assert after_failure.disabled_config is None
+    same_config = fail(disabled, "timeout", T0, config_fingerprint=FINGERPRINT)
+    assert same_config.disabled_config == FINGERPRINT
+    assert record_success(disabled, T0).disabled_config is None
+
+
+# ---------------------------------------------------------------------------
+# R2.3: refusals are not provider-health facts
+
+
+@pytest.mark.parametrize("failure_class", ["refusal", "bad_request", "interrupted"])
+def test_r2_3_refusal_bad_request_and_interrupted_leave_health_unchanged(
+    failure_class: str,
+) -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 2, T0)
+    for _ in range(10):
+        assert fail(health, failure_class, T0) == health
+    # They neither count towards nor reset the streak.
+    assert fail(health, "server_error", T0).breaker == "open"
+
+
+def test_r2_3_refusal_does_not_close_an_open_breaker() -> None:
+    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
+    assert fail(health, "refusal", T0) == health
+
+
+# R2.3: turn-level refusal memory
+
+
+def test_r2_3_scope_ttl_is_six_hours_and_the_last_reprobe_delay() -> None:
+    assert timedelta(hours=6) == REFUSAL_SCOPE_TTL
+    assert REFUSAL_REPROBE_DELAYS[-1] == REFUSAL_SCOPE_TTL
+
+
+def test_r2_3_turn_refusal_remembered_for_the_ttl() -> None:
+    memory = remember_turn_refusal(TurnRefusalMemory(), "openai-a", "sha:abc", T0)
+    assert turn_recently_refused(memory, "openai-a", "sha:abc", T0)
+    last_moment = T0 + REFUSAL_SCOPE_TTL - timedelta(microseconds=1)
+    assert turn_recently_refused(memory, "openai-a", "sha:abc", last_moment)
+    assert not turn_recently_refused(memory, "openai-a", "sha:abc", T0 + REFUSAL_SCOPE_TTL)
+
+
+def test_r2_3_turn_refusal_is_per_provider_and_per_request() -> None:
+    memory = remember_turn_refusal(TurnRefusalMemory(), "openai-a", "sha:abc", T0)
+    assert not turn_recently_refused(memory, "anthropic-b", "sha:abc", T0)
+    assert not turn_recently_refused(memory, "openai-a", "sha:other", T0)
+
+
+def test_r2_3_turn_refusal_custom_ttl() -> None:
+    memory = remember_turn_refusal(TurnRefusalMemory(), "p", "d", T0)
+    ttl = timedelta(minutes=5)
+    assert turn_recently_refused(memory, "p", "d", T0 + timedelta(minutes=4), ttl)
+    assert not turn_recently_refused(memory, "p", "d", T0 + timedelta(minutes=5), ttl)
+
+
+def test_r2_3_turn_memory_is_immutable_and_keeps_the_latest_refusal() -> None:
+    empty = TurnRefusalMemory()
+    first = remember_turn_refusal(empty, "p", "d", T0)
+    later = T0 + timedelta(hours=5)
+    second = remember_turn_refusal(first, "p", "d", later)
+    assert len(empty) == 0
+    assert first.refused_at("p", "d") == T0
+    assert second.refused_at("p", "d") == later
+    assert len(second) == 1
+    # An out-of-order older report never moves the anchor back.
+    assert remember_turn_refusal(second, "p", "d", T0).refused_at("p", "d") == later
+    assert turn_recently_refused(second, "p", "d", T0 + timedelta(hours=10))
+
+
+def test_r2_3_turn_memory_equality_does_not_depend_on_insertion_order() -> None:
+    a = remember_turn_refusal(
+        remember_turn_refusal(TurnRefusalMemory(), "x", "1", T0), "y", "2", T0
+    )
+    b = remember_turn_refusal(
+        remember_turn_refusal(TurnRefusalMemory(), "y", "2", T0), "x", "1", T0
+    )
+    assert a == b
+
+
+def test_r2_3_prune_drops_only_expired_entries() -> None:
+    memory = remember_turn_refusal(TurnRefusalMemory(), "old", "d", T0)
+    memory = remember_turn_refusal(memory, "new", "d", T0 + timedelta(hours=3))
+    pruned = prune_turn_refusals(memory, T0 + REFUSAL_SCOPE_TTL)
+    assert pruned.refused_at("old", "d") is None
+    assert pruned.refused_at("new", "d") == T0 + timedelta(hours=3)
+    assert len(pruned) == 1
+    assert len(memory) == 2  # the original is untouched
+
+
+def test_r2_3_turn_memory_rejects_bad_input() -> None:
+    memory = TurnRefusalMemory()
+    with pytest.raises(ValueError, match="provider_id"):
+        remember_turn_refusal(memory, "", "d", T0)
+    with pytest.raises(ValueError, match="request_digest"):
+        turn_recently_refused(memory, "p", "", T0)
+    with pytest.raises(ValueError, match="ttl"):
+        turn_recently_refused(memory, "p", "d", T0, timedelta(0))
+    with pytest.raises(ValueError, match="ttl"):
+        prune_turn_refusals(memory, T0, timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        remember_turn_refusal(memory, "p", "d", datetime(2025, 1, 1))
+    with pytest.raises(ValueError, match="one entry per"):
+        TurnRefusalMemory((TurnRefusal("p", "d", T0), TurnRefusal("p", "d", T0)))
+    with pytest.raises(ValueError, match="tuple of TurnRefusal"):
+        TurnRefusalMemory([("p", "d", T0)])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Hypothesis properties (R2.2, R2.3)
+
+times = st.integers(min_value=0, max_value=7 * 24 * 3600).map(lambda s: T0 + timedelta(seconds=s))
+policies = st.builds(
+    BreakerPolicy,
+    failure_threshold=st.integers(1, 6),
+    base_cooldown=st.integers(1, 300).map(lambda s: timedelta(seconds=s)),
+    max_cooldown=st.integers(300, 3600).map(lambda s: timedelta(seconds=s)),
+    jitter_ratio=st.floats(0, 0.99),
+    timeout_cooldown=st.integers(1, 300).map(lambda s: timedelta(seconds=s)),
+)
+
+
+@st.composite
+def healths(draw: st.DrawFn) -> ProviderHealth:
+    breaker = draw(st.sampled_from(["closed", "open", "half_open"]))
+    return ProviderHealth(
+        provider_id="p",
+        breaker=breaker,
+        consecutive_failures=draw(st.integers(0, 20)),
+        trips=draw(st.integers(0, 20)),
+        open_until=draw(times) if breaker == "open" else draw(st.none() | times),
+        last_failure_class=draw(st.none() | st.sampled_from(FAILURE_CLASSES)),
+        last_failure_at=draw(st.none() | times),
+        disabled_config=draw(st.none() | st.just(FINGERPRINT)),
+        probe_lease_until=draw(st.none() | times),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    health=healths(),
+    failure_class=st.sampled_from(["refusal", "bad_request", "interrupted"]),
+    now=times,
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    retry=st.none() | st.floats(0, 1e6),
+)
+def test_r2_3_property_non_time_classes_never_change_breaker_state(
+    health: ProviderHealth,
+    failure_class: str,
+    now: datetime,
+    policy: BreakerPolicy,
+    seed: int,
+    retry: float | None,
+) -> None:
+    after = fail(health, failure_class, now, policy=policy, retry_after_seconds=retry, seed=seed)
+    assert after == health
+    assert health_verdict(after, now) == health_verdict(health, now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    policy=policies,
+    failure_class=st.sampled_from(sorted(TIME_BASED_CLASSES)),
+    trips=st.integers(1, 10_000),
+    seed=st.integers(0, 2**64),
+)
+def test_r2_2_property_cooldown_never_exceeds_max(
+    policy: BreakerPolicy, failure_class: str, trips: int, seed: int
+) -> None:
+    cooldown = breaker_cooldown(policy, failure_class, trips, random.Random(seed))
+    assert timedelta(0) < cooldown <= policy.max_cooldown
+
+
+@settings(max_examples=200, deadline=None)
+@given(policy=policies, trips=st.integers(1, 40))
+def test_r2_2_property_unjittered_backoff_is_monotone(policy: BreakerPolicy, trips: int) -> None:
+    flat = replace(policy, jitter_ratio=0.0)
+    rng = random.Random(0)
+    assert breaker_cooldown(flat, "server_error", trips, rng) <= breaker_cooldown(
+        flat, "server_error", trips + 1, rng
+    )
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["server_error", "rate_limited", "timeout", "network", "refusal", "bad_request",
+             "interrupted", "success"]
+        ),
+        st.integers(0, 3600),  # seconds since the previous event
+    ),
+    max_size=40,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(policy=policies, sequence=events, seed=st.integers(0, 2**32))
+def test_r2_2_property_never_opens_below_threshold_without_retry_after(
+    policy: BreakerPolicy, sequence: list[tuple[str, int]], seed: int
+) -> None:
+    rng = random.Random(seed)
+    health = ProviderHealth("p")
+    now = T0
+    streak = 0  # consecutive time-based failures since the last success, counted independently
+    for event, gap in sequence:
+        now += timedelta(seconds=gap)
+        if event == "success":
+            health = record_success(health, now)
+            streak = 0
+        else:
+            health = record_failure(health, failure(event), now, policy, rng)
+            if event in TIME_BASED_CLASSES:
+                streak += 1
+        if health.breaker != "closed":
+            assert streak >= policy.failure_threshold
+        assert health.consecutive_failures == streak
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    policy=policies,
+    sequence=events,
+    retry=st.lists(st.none() | st.floats(0, 1e7), min_size=40, max_size=40),
+    seed=st.integers(0, 2**32),
+)
+def test_r2_2_property_open_window_is_bounded(
+    policy: BreakerPolicy,
+    sequence: list[tuple[str, int]],
+    retry: list[float | None],
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    health = ProviderHealth("p")
+    now = T0
+    bound = max(policy.max_cooldown, policy.max_retry_after)
+    for (event, gap), retry_after in zip(sequence, retry, strict=False):
+        now += timedelta(seconds=gap)
+        if event == "success":
+            health = record_success(health, now)
+            continue
+        retry_after = retry_after if event == "rate_limited" else None
+        health = record_failure(health, failure(event, retry_after), now, policy, rng)
+        if health.breaker == "open":
+            assert health.open_until is not None
+            assert health.open_until - now <= bound
+            if retry_after is not None:
+                # R2.2: a rate limit with Retry-After never reopens sooner than it asked.
+                wait = min(timedelta(seconds=retry_after), policy.max_retry_after)
+                assert health.open_until >= now + wait
+
+
+@settings(max_examples=200, deadline=None)
+@given(health=healths(), now=times)
+def test_r2_2_property_success_always_closes(health: ProviderHealth, now: datetime) -> None:
+    closed = record_success(health, now)
+    verdict = health_verdict(closed, now)
+    assert (closed.breaker, closed.consecutive_failures, closed.trips) == ("closed", 0, 0)
+    assert (verdict.available, verdict.state) == (True, "closed")
+
+
+@settings(max_examples=200, deadline=None)
+@given(health=healths(), now=times, fingerprint=st.none() | st.sampled_from([FINGERPRINT, "v2"]))
+def test_r2_2_property_verdict_is_consistent(
+    health: ProviderHealth, now: datetime, fingerprint: str | None
+) -> None:
+    verdict = health_verdict(health, now, fingerprint)
+    if verdict.state in ("open", "disabled"):
+        assert not verdict.available
+    if verdict.state == "open":
+        assert verdict.retry_at is not None and verdict.retry_at > now
+    if verdict.available:
+        assert verdict.retry_at is None
+    assert verdict.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    refusals=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 48 * 3600)), max_size=10
+    ),
+    probe=st.integers(0, 60 * 3600),
+)
+def test_r2_3_property_recently_refused_iff_latest_refusal_within_ttl(
+    refusals: list[tuple[str, int]], probe: int
+) -> None:
+    memory = TurnRefusalMemory()
+    for provider, offset in refusals:
+        memory = remember_turn_refusal(memory, provider, "digest", T0 + timedelta(seconds=offset))
+    now = T0 + timedelta(seconds=probe)
+    for provider in ("a", "b"):
+        offsets = [offset for p, offset in refusals if p == provider]
+        expected = bool(offsets) and probe - max(offsets) < REFUSAL_SCOPE_TTL.total_seconds()
+        assert turn_recently_refused(memory, provider, "digest", now) == expected
+        assert (prune_turn_refusals(memory, now).refused_at(provider, "digest") is not None) == (
+            expected
+        )
