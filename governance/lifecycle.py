@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
 
+from governance.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+
 # ---------------------------------------------------------------------------
 # Errors
 
@@ -720,11 +722,8 @@ class Path(StrEnum):
 DISPATCHING_PATHS = frozenset({Path.CONTINUE, Path.BOUNDED_RECOVERY, Path.FINALIZATION_ONLY})
 """Paths that send new work to a model or tool. Settling and verifying send none."""
 
-# R3.7: the one voice for segment-scoped refusals.
-SEGMENT_SKIP_WORDS = (
-    "skipped in this segment for now (bounded re-probes; frozen in this segment once used up)"
-)
-BOUNDARY_ACTIONS_TEXT = "compact, fresh start or switch model"
+# R3.7: the one voice for segment-scoped refusals, from the refusal rule itself.
+SEGMENT_SKIP_WORDS = RULE_TEXT
 
 
 @dataclass(frozen=True)
