@@ -265,7 +265,7 @@ def _notice(
 
 
 def refusal_notices(
-    seg_key: str,
+    segment_key: str,  # the public keyword name; shadows the helper in this body
     refusals: Sequence[ProviderRefusal],
     now: datetime,
     delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
@@ -277,7 +277,7 @@ def refusal_notices(
     in the same moment share one notice; re-probes in between are silent.
     Critical comes first.
     """
-    parse_segment_key(seg_key)
+    parse_segment_key(segment_key)
     frozen: list[tuple[ProviderRefusal, RefusalVerdict]] = []
     first: list[tuple[ProviderRefusal, RefusalVerdict]] = []
     for refusal in refusals:
@@ -288,20 +288,20 @@ def refusal_notices(
             first.append((refusal, verdict))
     notices = []
     if frozen:
-        notices.append(_notice(seg_key, frozen, "critical", now, delays))
+        notices.append(_notice(segment_key, frozen, "critical", now, delays))
     if first:
-        notices.append(_notice(seg_key, first, "normal", now, delays))
+        notices.append(_notice(segment_key, first, "normal", now, delays))
     return notices
 
 
 def refusal_notice(
-    seg_key: str,
+    segment_key: str,  # the public keyword name; shadows the helper in this body
     refusals: Sequence[ProviderRefusal],
     now: datetime,
     delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
 ) -> Notice | None:
     """R3.6: the most severe notice for these refusal states, or None (silent)."""
-    notices = refusal_notices(seg_key, refusals, now, delays)
+    notices = refusal_notices(segment_key, refusals, now, delays)
     return notices[0] if notices else None
 
 

@@ -368,3 +368,11 @@ def test_r3_6_only_first_refusal_and_freeze_speak(count, minutes):
         assert notice is not None and notice.severity == "critical"
     else:
         assert notice is None
+
+
+def test_r3_6_public_signature_accepts_keywords():
+    """The fixed public surface: refusal_notice(segment_key=, refusals=, now=)."""
+    notice = refusal_notice(segment_key="s#9", refusals=[refused(1)], now=T0)
+    assert notice is not None and notice.dedupe_key == "provider-refusal:s#9:0:openai"
+    verdict = refusal_verdict(refusal=refused(1), now=T0, delays=REFUSAL_REPROBE_DELAYS)
+    assert verdict.next_probe_at == T0 + timedelta(minutes=15)
