@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
@@ -52,10 +52,28 @@ def heartbeat_status(component: str, now: datetime) -> ComponentStatus:
     seen = datetime.fromisoformat(beat["at"])
     age = max(0.0, (now - seen).total_seconds())
     ok = age <= stale_after
-    detail = f"{beat.get('hostname') or 'unknown host'}, {age:.0f} s ago"
+    where = beat.get("hostname") or "unknown host"
+    detail = f"last beat {age:.0f} s ago on {where}"
     if not ok:
         detail += f" (late: expected every {settings.HEARTBEAT_SECONDS} s)"
     return ComponentStatus(component, ok, detail, seen, age)
+
+
+_TELEMETRY_WORDS = {
+    "otlp": "exporting over OTLP/HTTP",
+    "console": "printing spans to the console",
+    "none": "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT to export)",
+}
+
+
+def human_duration(delay: timedelta) -> str:
+    """15 min, 1 h, 6 h — the way people say re-probe delays."""
+    seconds = int(delay.total_seconds())
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
 
 
 def system_status(now: datetime) -> list[ComponentStatus]:
@@ -64,14 +82,14 @@ def system_status(now: datetime) -> list[ComponentStatus]:
         ComponentStatus("broker", True, redact_url(settings.CELERY_BROKER_URL)),
         heartbeat_status("worker", now),
         heartbeat_status("scheduler", now),
-        ComponentStatus("telemetry", True, exporter_mode()),
+        ComponentStatus("telemetry", True, _TELEMETRY_WORDS[exporter_mode()]),
     ]
 
 
 def refusal_rule_summary() -> dict[str, object]:
     return {
         "text": RULE_TEXT,
-        "delays": [str(delay) for delay in REFUSAL_REPROBE_DELAYS],
+        "delays": [human_duration(delay) for delay in REFUSAL_REPROBE_DELAYS],
         "max_reprobes": MAX_REFUSAL_REPROBES,
         "max_sends": 1 + MAX_REFUSAL_REPROBES,
     }

@@ -31,6 +31,7 @@ def test_overview_shows_each_part_in_words(client, operator):
     for part in ("Database", "Broker", "Worker", "Scheduler", "Telemetry"):
         assert f'<th scope="row">{part}</th>' in body
     assert "worker@test" in body
+    assert "Re-probe delays: 15 min, 1 h, 6 h" in body
     assert RULE_TEXT in body  # R3.7: the dashboard copy says the rule in its one voice
 
 
