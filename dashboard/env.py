@@ -7,6 +7,7 @@ value, so a typo stops the process at start instead of running on a default.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -52,6 +53,34 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``1h``, ``2d`` (a bare number is seconds)."""
+    text = text.strip().lower()
+    unit = text[-1:] if text[-1:] in _UNITS else "s"
+    number = text[:-1] if text[-1:] in _UNITS else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 15m, 1h, 90s)") from None
+    if not value > 0:
+        raise ValueError(f"a duration must be positive: {text!r}")
+    return timedelta(seconds=value * _UNITS[unit])
+
+
+def env_durations(name: str, default: str) -> tuple[timedelta, ...]:
+    raw = os.environ.get(name) or default
+    try:
+        durations = tuple(parse_duration(part) for part in raw.split(",") if part.strip())
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    if not durations:
+        raise ImproperlyConfigured(f"{name} must list at least one duration")
+    return durations
 
 
 def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from dashboard.env import (
     database_from_url,
     env_bool,
+    env_durations,
     env_int,
     env_list,
     env_secret,
@@ -193,6 +194,33 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(HEARTBEAT_SECONDS),
         "options": {"expires": max(60, 2 * HEARTBEAT_SECONDS)},
     },
+    "clock-watchdog": {
+        "task": "tasks.jobs.clock_watchdog",
+        "schedule": float(env_int("GOVERNANCE_WATCHDOG_SECONDS", 15, minimum=1)),
+        "options": {"expires": 60},
+    },
+    "prune-span-store": {
+        "task": "tasks.span_store.prune_span_store",
+        "schedule": 3600.0,
+        "options": {"expires": 600},
+    },
+}
+
+# --- Governance rules ---
+# R3.2: the re-probe schedule; override for rehearsals (e.g. "1m,2m,5m").
+GOVERNANCE_REFUSAL_REPROBE_DELAYS = env_durations("GOVERNANCE_REFUSAL_REPROBE_DELAYS", "15m,1h,6h")
+# Rehearsals move the shared clock of every process (manage.py clock advance 15m).
+GOVERNANCE_CLOCK_ADJUSTABLE = env_bool("GOVERNANCE_CLOCK_ADJUSTABLE", False)
+RUN_DEFAULT_DEADLINE_S = env_int("GOVERNANCE_RUN_DEADLINE_SECONDS", 1800, minimum=1)
+RUN_DEFAULT_STAGE_BUDGET_S = env_int("GOVERNANCE_STAGE_BUDGET_SECONDS", 180, minimum=1)
+RUN_DEFAULT_NO_PROGRESS_S = env_int("GOVERNANCE_NO_PROGRESS_SECONDS", 300, minimum=1)
+RUN_DEFAULT_BUDGET = {
+    "model_requests": env_int("GOVERNANCE_BUDGET_MODEL_REQUESTS", 40, minimum=1),
+    "tool_calls": env_int("GOVERNANCE_BUDGET_TOOL_CALLS", 20, minimum=0),
+    "web_searches": env_int("GOVERNANCE_BUDGET_WEB_SEARCHES", 10, minimum=0),
+    "provider_concurrency": env_int("GOVERNANCE_BUDGET_PROVIDER_CONCURRENCY", 2, minimum=1),
+    "body_revisions": env_int("GOVERNANCE_BUDGET_BODY_REVISIONS", 50, minimum=1),
+    "output_reserve": env_int("GOVERNANCE_BUDGET_OUTPUT_RESERVE", 2, minimum=0),
 }
 
 # --- OpenTelemetry (tasks/telemetry.py) ---
@@ -200,6 +228,10 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME") or "agent-governance"
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT")
 # "console" prints spans; anything else exports nowhere unless OTLP is set.
 OTEL_TRACES_EXPORTER = (env_str("OTEL_TRACES_EXPORTER") or "none").lower()
+# The embedded span store (a run's trace in the dashboard without a collector).
+GOVERNANCE_SPAN_STORE = env_bool("GOVERNANCE_SPAN_STORE", True)
+SPAN_STORE_MAX_AGE_HOURS = env_int("SPAN_STORE_MAX_AGE_HOURS", 72, minimum=1)
+SPAN_STORE_MAX_ROWS = env_int("SPAN_STORE_MAX_ROWS", 200000, minimum=1000)
 
 LOGGING = {
     "version": 1,

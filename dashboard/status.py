@@ -60,9 +60,9 @@ def heartbeat_status(component: str, now: datetime) -> ComponentStatus:
 
 
 _TELEMETRY_WORDS = {
-    "otlp": "exporting over OTLP/HTTP",
-    "console": "printing spans to the console",
-    "none": "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT to export)",
+    "otlp": "stored here and exported over OTLP/HTTP",
+    "console": "stored here and printed to the console",
+    "none": "stored here only (set OTEL_EXPORTER_OTLP_ENDPOINT to export)",
 }
 
 

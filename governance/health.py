@@ -393,7 +393,9 @@ def _class_from_status(status: int) -> FailureClass | None:
         return "timeout"
     if 500 <= status <= 599:  # includes Anthropic's 529 overloaded
         return "server_error"
-    if 400 <= status <= 499:
+    # An unexpected redirect (never followed) means the request or its
+    # configuration is wrong, not that the provider is down.
+    if 400 <= status <= 499 or 300 <= status <= 399:
         return "bad_request"
     return None
 

@@ -205,9 +205,14 @@ class TurnOutcome:
 
 
 # A failure of these classes ends the turn instead of falling back: a bad
-# request is the request's fault (R2.1), and an interrupted stream has an
-# unknown effect that the lifecycle must judge, not a blind resend (R6.2).
-_TURN_ENDING_FAILURES = {"bad_request": "failed", "interrupted": "interrupted"}
+# request is the request's fault (R2.1), an interrupted stream has an unknown
+# effect that the lifecycle must judge, not a blind resend (R6.2), and an
+# exhausted request budget refuses every new send, on any provider (R5.2).
+_TURN_ENDING_FAILURES = {
+    "bad_request": "failed",
+    "interrupted": "interrupted",
+    "budget_exhausted": "failed",
+}
 
 
 def drive_turn(

@@ -33,3 +33,13 @@ def scheduler_heartbeat(self) -> dict[str, str | None]:
 def ping(payload: str) -> dict[str, str]:
     """Round-trip check used by the status page and the tests."""
     return {"pong": payload}
+
+
+@shared_task(name="tasks.jobs.clock_watchdog", ignore_result=True)
+def clock_watchdog() -> dict[str, int]:
+    """R6.1/R6.3: settle or finalize runs that breached their deadline or stopped
+    making progress while no stage holds them, and re-send stages whose publish
+    was lost (a stage claim is idempotent, so a duplicate send is harmless)."""
+    from tasks.runner import watchdog_pass
+
+    return watchdog_pass()

@@ -2,7 +2,10 @@
 
 Spans go to OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, to the
 console when ``OTEL_TRACES_EXPORTER=console``, and nowhere otherwise (the
-tracer still works, so code never checks whether telemetry is on).
+tracer still works, so code never checks whether telemetry is on). In every
+mode they are also written to the embedded span store (``SpanRecord``, see
+tasks/span_store.py) unless ``GOVERNANCE_SPAN_STORE`` is off, so the
+dashboard shows a run's trace without a collector.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
+from tasks.instrumentation import PinnedIdGenerator
+from tasks.span_store import (
+    DEFAULT_MAX_SPANS_PER_EXPORT,
+    DatabaseSpanExporter,
+    span_store_enabled,
+)
+
 _lock = threading.Lock()
 _configured: dict[str, str] = {}
 
@@ -47,7 +57,8 @@ def build_providers(
     resource = Resource.create(
         {"service.name": settings.OTEL_SERVICE_NAME, "service.component": component}
     )
-    tracer_provider = TracerProvider(resource=resource)
+    # Pinned ids let a run span allocated at admission be emitted at settlement.
+    tracer_provider = TracerProvider(resource=resource, id_generator=PinnedIdGenerator())
     readers: list[MetricReader] = []
     span_exporter: SpanExporter | None = None
     if mode == "otlp":
@@ -67,6 +78,13 @@ def build_providers(
         )
     if span_exporter is not None:
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    if span_store_enabled():
+        # Its own processor: a slow collector must not hold back the store.
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(
+                DatabaseSpanExporter(), max_export_batch_size=DEFAULT_MAX_SPANS_PER_EXPORT
+            )
+        )
     return tracer_provider, MeterProvider(resource=resource, metric_readers=readers)
 
 

@@ -1099,3 +1099,10 @@ def test_r2_3_property_recently_refused_iff_latest_refusal_within_ttl(
         assert (prune_turn_refusals(memory, now).refused_at(provider, "digest") is not None) == (
             expected
         )
+
+
+def test_r2_1_unexpected_redirect_is_a_bad_request_not_a_success():
+    """An adapter never follows redirects; a 3xx answer is a configuration fault."""
+    evidence = AttemptEvidence(adapter="openai", status_code=302, headers_received=True)
+    result = classify_attempt(evidence, datetime(2026, 1, 1, tzinfo=UTC))
+    assert result.failure_class == "bad_request"

@@ -396,3 +396,13 @@ def test_r3_8_a_boundary_makes_every_provider_eligible(plan, kind):
     route = route_turn(CHAIN, now=now, health={}, refusals=store.get(opened.key, {}))
     assert [c.provider_id for c in route.candidates] == ["a", "b"]
     assert route.skipped == ()
+
+
+def test_r5_2_exhausted_request_budget_ends_the_turn_on_every_provider():
+    fake = FakeProviders(
+        {"a": AttemptOutcome("failed", failure_class="budget_exhausted"), "b": ACCEPT}
+    )
+    outcome = turn(fake, {}, T0)
+    assert (outcome.result, outcome.failure_class) == ("failed", "budget_exhausted")
+    assert fake.requests["b"] == 0
+    assert outcome.refusals == {}

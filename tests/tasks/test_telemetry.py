@@ -26,6 +26,12 @@ class _Collector(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(autouse=True)
+def no_span_store(settings):
+    # These tests look at the exporters alone; the store has its own tests.
+    settings.GOVERNANCE_SPAN_STORE = False
+
+
 @pytest.fixture
 def collector():
     _Collector.received = []

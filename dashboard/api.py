@@ -1,0 +1,360 @@
+"""JSON API under /api/v1/, token-authenticated (``Authorization: Bearer <token>``).
+
+Bad input answers 4xx with ``{"error": {"field": …, "message": …}}`` and
+writes nothing. Every change goes through ``governance.services``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from governance import clock, services
+from governance.models import ApiToken, Run, Segment, Thread
+from tasks import instrumentation as spans
+from tasks.runner import publish
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+def error_response(status: int, field: str | None, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"field": field, "message": message}}, status=status)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _authenticate(request: HttpRequest):
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "Authorization", "send 'Authorization: Bearer <token>'")
+    row = (
+        ApiToken.objects.select_related("user")
+        .filter(key_digest=token_digest(token.strip()), revoked_at__isnull=True)
+        .first()
+    )
+    if row is None or not row.user.is_active:
+        raise ApiError(401, "Authorization", "unknown or revoked token")
+    ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+    return row.user
+
+
+def api_view(methods: tuple[str, ...]) -> Callable:
+    def decorate(view: Callable) -> Callable:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs):
+            if request.method not in methods:
+                response = error_response(405, None, f"use {' or '.join(methods)} on this address")
+                response["Allow"] = ", ".join(methods)
+                return response
+            try:
+                request.api_user = _authenticate(request)
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc.status, exc.field, exc.message)
+            except services.ServiceError as exc:
+                return error_response(400, exc.field, exc.message)
+
+        return wrapper
+
+    return decorate
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    if request.content_type != "application/json":
+        raise ApiError(415, None, "send a JSON body with Content-Type: application/json")
+    try:
+        data = json.loads(request.body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, None, "the body must be a JSON object")
+    return data
+
+
+def _field(data: dict, name: str, kind: type | tuple, *, required: bool = False, default=None):
+    if name not in data or data[name] is None:
+        if required:
+            raise ApiError(400, name, "is required")
+        return default
+    value = data[name]
+    # JSON true/false are not numbers here, whatever Python thinks of bool.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ApiError(400, name, f"must be a {names}")
+    return value
+
+
+def _string_list(data: dict, name: str, *, required: bool = False) -> list[str] | None:
+    value = _field(data, name, list, required=required)
+    if value is not None and not all(isinstance(item, str) and item for item in value):
+        raise ApiError(400, name, "must be a list of non-empty strings")
+    return value
+
+
+def _get(model, **lookup):
+    try:
+        return model.objects.get(**lookup)
+    except model.DoesNotExist:
+        raise ApiError(404, None, f"no such {model.__name__.lower()}") from None
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ApiError(404, None, f"no such {what}") from None
+
+
+# --------------------------------------------------------------------------- serializers
+
+
+def segment_json(segment: Segment, now) -> dict[str, Any]:
+    return {
+        "key": segment.key,
+        "session_id": segment.session_id,
+        "segment_no": segment.segment_no,
+        "model": segment.model,
+        "mode": segment.mode,
+        "tool_surface": segment.tool_surface,
+        "opened_at": segment.opened_at.isoformat(),
+        "closed_at": segment.closed_at.isoformat() if segment.closed_at else None,
+        "closed_kind": segment.closed_kind or None,
+        "closed_by": segment.closed_by or None,
+        "close_reason": segment.close_reason or None,
+        "providers": services.refusal_rows_view(segment, now),
+    }
+
+
+def thread_json(thread: Thread) -> dict[str, Any]:
+    return {
+        "id": str(thread.id),
+        "title": thread.title,
+        "provider_chain": thread.provider_chain,
+        "model": thread.model,
+        "mode": thread.mode,
+        "tool_surface": thread.tool_surface,
+        "system_prompt": thread.system_prompt,
+        "callback_url": thread.callback_url or None,
+        "created_at": thread.created_at.isoformat(),
+    }
+
+
+def _iso(value):
+    return value.isoformat() if value else None
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    try:
+        settlement = run.settlement
+    except Run.settlement.RelatedObjectDoesNotExist:
+        settlement = None
+    return {
+        "id": str(run.id),
+        "thread_id": str(run.thread_id),
+        "segment": run.segment.key,
+        "status": run.status,
+        "phase": run.phase,
+        "input": run.input,
+        "created_at": run.created_at.isoformat(),
+        "deadline_at": run.deadline_at.isoformat(),
+        "last_progress_at": _iso(run.last_progress_at),
+        "cancel_requested_at": _iso(run.cancel_requested_at),
+        "lifecycle": run.decisions,
+        "stages": [
+            {
+                "seq": stage.seq,
+                "kind": stage.kind,
+                "enqueued_at": _iso(stage.enqueued_at),
+                "started_at": _iso(stage.started_at),
+                "finished_at": _iso(stage.finished_at),
+                "outcome": stage.outcome or None,
+                "timeout": stage.timeout_name or None,
+                "detail": stage.detail or None,
+                "clocks": stage.clocks,
+                "deliveries": stage.deliveries,
+            }
+            for stage in run.stages.order_by("seq")
+        ],
+        "attempts": [
+            {
+                "stage": attempt.stage.seq,
+                "provider_id": attempt.provider.provider_id,
+                "model": attempt.model,
+                "kind": attempt.kind,
+                "result": attempt.result,
+                "failure_class": attempt.failure_class or None,
+                "refusal_category": attempt.refusal_category or None,
+                "status_code": attempt.status_code,
+                "latency_ms": attempt.latency_ms,
+                "segment": attempt.segment.key,
+            }
+            for attempt in run.attempts.select_related("stage", "provider", "segment")
+        ],
+        "budget": {
+            name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
+            for name, b in services.budget_view(run).items()
+        },
+        "receipts": [
+            {
+                "tool": receipt.tool,
+                "idempotency_key": receipt.idempotency_key,
+                "effect": receipt.effect,
+                "verified_at": _iso(receipt.verified_at),
+                "error": receipt.error or None,
+            }
+            for receipt in run.receipts.all()
+        ],
+        "chunks": [
+            {
+                "chunk_no": chunk.chunk_no,
+                "version": chunk.version,
+                "final": chunk.final,
+                "committed_at": _iso(chunk.committed_at),
+                "sent_at": _iso(chunk.sent_at),
+                "observed_at": _iso(chunk.observed_at),
+            }
+            for chunk in run.chunks.all()
+        ],
+        "body": "".join(chunk.text for chunk in run.chunks.all() if chunk.committed_at),
+        "settlement": (
+            {
+                "outcome": settlement.outcome,
+                "reason_code": settlement.reason_code,
+                "reason": settlement.reason,
+                "unknown_effects": settlement.unknown_effects,
+                "settled_at": settlement.settled_at.isoformat(),
+            }
+            if settlement
+            else None
+        ),
+    }
+
+
+# --------------------------------------------------------------------------- views
+
+
+@api_view(("POST",))
+def create_thread(request: HttpRequest) -> JsonResponse:
+    data = _body(request)
+    thread = services.create_thread(
+        provider_chain=_string_list(data, "provider_chain", required=True),
+        title=_field(data, "title", str, default=""),
+        model=_field(data, "model", str, default=""),
+        mode=_field(data, "mode", str, default="default"),
+        tool_surface=_string_list(data, "tool_surface") or [],
+        system_prompt=_field(data, "system_prompt", str, default=""),
+        callback_url=_field(data, "callback_url", str, default=""),
+        user=request.api_user,
+        now=clock.now(),
+    )
+    body = thread_json(thread)
+    body["segment"] = segment_json(services.open_segment(thread), clock.now())
+    return JsonResponse(body, status=201)
+
+
+@api_view(("GET",))
+def thread_detail(request: HttpRequest, thread_id: str) -> JsonResponse:
+    thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    body = thread_json(thread)
+    body["segment"] = segment_json(services.open_segment(thread), clock.now())
+    return JsonResponse(body)
+
+
+@api_view(("GET",))
+def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
+    thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    return JsonResponse(segment_json(services.open_segment(thread), clock.now()))
+
+
+@api_view(("POST",))
+def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
+    thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    data = _body(request)
+    text = _field(data, "input", str, required=True)
+    budget = _field(data, "budget", dict, default=None)
+    numbers = {}
+    for name in ("deadline_s", "stage_budget_s", "no_progress_s"):
+        numbers[name] = _field(data, name, (int, float), default=None)
+    with transaction.atomic():
+        run, stage, created = services.submit_run(
+            thread,
+            input=text,
+            user=request.api_user,
+            now=clock.now(),
+            idempotency_key=_field(data, "idempotency_key", str, default=None),
+            limits=budget,
+            **numbers,
+        )
+        if created:
+            carrier = spans.new_run_trace(
+                str(run.id), thread_id=str(thread.id), segment_key=run.segment.key
+            )
+            Run.objects.filter(id=run.id).update(trace_context=carrier)
+            publish([stage.id])
+    return JsonResponse(
+        {"run_id": str(run.id), "status": run.status, "created": created,
+         "url": f"/api/v1/runs/{run.id}"},
+        status=202 if created else 200,
+    )  # fmt: skip
+
+
+@api_view(("GET",))
+def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
+    try:
+        run = Run.objects.select_related("segment").get(id=_uuid(run_id, "run"))
+    except Run.DoesNotExist:
+        raise ApiError(404, None, "no such run") from None
+    return JsonResponse(run_json(run))
+
+
+@api_view(("POST",))
+def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
+    try:
+        run = Run.objects.get(id=_uuid(run_id, "run"))
+    except Run.DoesNotExist:
+        raise ApiError(404, None, "no such run") from None
+    if run.status == Run.Status.SETTLED:
+        raise ApiError(409, None, "the run is already settled; nothing to cancel")
+    changed = services.request_cancel(run, by=request.api_user.get_username(), now=clock.now())
+    if changed:
+        # A queued run settles at once when its next stage is picked up; give
+        # it a nudge so an idle run does not wait for the watchdog.
+        pending = run.stages.filter(finished_at__isnull=True).values_list("id", flat=True)
+        publish(list(pending))
+    return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)
+
+
+@api_view(("POST",))
+def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
+    thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    data = _body(request)
+    segment, created = services.apply_boundary(
+        thread,
+        _field(data, "kind", str, required=True),
+        by=request.api_user.get_username(),
+        reason=_field(data, "reason", str, required=True),
+        idempotency_key=_field(data, "idempotency_key", str, required=True),
+        model=_field(data, "model", str, default=None),
+        mode=_field(data, "mode", str, default=None),
+        tool_surface=_string_list(data, "tool_surface"),
+        system_prompt=_field(data, "system_prompt", str, default=None),
+        now=clock.now(),
+    )
+    return JsonResponse(segment_json(segment, clock.now()), status=201 if created else 200)

@@ -1,0 +1,456 @@
+"""The facts. Rows change only through ``governance.services``.
+
+Append-only where the spec says so: boundaries close segments instead of
+editing them (R1.4), the budget ledger only gains entries (R5.1), the
+settlement is written once (R6.5), notifications are unique by dedupe key
+(R3.6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Provider(models.Model):
+    class Kind(models.TextChoices):
+        OPENAI = "openai", "OpenAI-compatible chat completions"
+        ANTHROPIC = "anthropic", "Anthropic messages"
+        SCRIPTED = "scripted", "Scripted (deterministic)"
+
+    provider_id = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    model = models.CharField(max_length=200)
+    base_url = models.URLField(blank=True)
+    # The *name* of the environment variable that holds the key, never the key.
+    api_key_env = models.CharField(max_length=100, blank=True)
+    script = models.JSONField(null=True, blank=True)
+    connect_timeout_s = models.FloatField(default=10.0)
+    read_timeout_s = models.FloatField(default=120.0)
+    failure_threshold = models.PositiveSmallIntegerField(default=3)
+    base_cooldown_s = models.FloatField(default=30.0)
+    max_cooldown_s = models.FloatField(default=600.0)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["provider_id"]
+
+    def __str__(self) -> str:
+        return f"{self.provider_id} ({self.kind}: {self.model})"
+
+    def config_fingerprint(self) -> str:
+        """Changes whenever the configuration an auth failure depends on changes (R2.1)."""
+        payload = "|".join([self.kind, self.model, self.base_url, self.api_key_env])
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class ProviderHealthState(models.Model):
+    """The breaker of one provider (R2.2). Refusals never touch it (R2.3)."""
+
+    provider = models.OneToOneField(
+        Provider, on_delete=models.CASCADE, primary_key=True, related_name="health"
+    )
+    breaker = models.CharField(max_length=16, default="closed")
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    trips = models.PositiveIntegerField(default=0)
+    open_until = models.DateTimeField(null=True, blank=True)
+    last_failure_class = models.CharField(max_length=32, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    disabled_config = models.CharField(max_length=64, blank=True)
+    probe_lease_until = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class TurnRefusalMemo(models.Model):
+    """Turn-level refusal memory (R2.3): this exact request was refused here."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE)
+    request_digest = models.CharField(max_length=64)
+    refused_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "request_digest"], name="turn_refusal_unique"
+            )
+        ]
+
+
+class Thread(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    title = models.CharField(max_length=200, blank=True)
+    provider_chain = models.JSONField(help_text="provider ids, tried in order")
+    model = models.CharField(max_length=200, blank=True)
+    mode = models.CharField(max_length=50, default="default")
+    tool_surface = models.JSONField(default=list)
+    system_prompt = models.TextField(blank=True)
+    callback_url = models.URLField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class ThreadSession(models.Model):
+    """One generation of a thread (R1.2); compact and fresh start open a new one."""
+
+    id = models.CharField(max_length=40, primary_key=True)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="sessions")
+    generation = models.PositiveIntegerField()
+    opened_by = models.CharField(max_length=32, blank=True)  # boundary kind, or "" for the first
+    summary = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "generation"], name="session_generation")
+        ]
+
+
+class Segment(models.Model):
+    """R1.2: model, mode, tool surface and system prompt stay the same inside."""
+
+    key = models.CharField(max_length=64, unique=True)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="segments")
+    session = models.ForeignKey(ThreadSession, on_delete=models.CASCADE, related_name="segments")
+    segment_no = models.PositiveIntegerField()
+    model = models.CharField(max_length=200)
+    mode = models.CharField(max_length=50)
+    tool_surface = models.JSONField(default=list)
+    system_prompt = models.TextField(blank=True)
+    opened_at = models.DateTimeField()
+    # R1.4: closing records who/why/when; nothing else about the segment changes.
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_kind = models.CharField(max_length=32, blank=True)
+    closed_by = models.CharField(max_length=150, blank=True)
+    close_reason = models.TextField(blank=True)
+    next_segment = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="previous_segment"
+    )
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "segment_no"], name="segment_number"),
+            models.UniqueConstraint(
+                fields=["thread"], condition=Q(closed_at__isnull=True), name="one_open_segment"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class HistoryItem(models.Model):
+    """Accepted history of a session: replayed verbatim every turn (R1.1)."""
+
+    session = models.ForeignKey(ThreadSession, on_delete=models.CASCADE, related_name="history")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16)
+    content = models.TextField()
+    tool_call_id = models.CharField(max_length=100, blank=True)
+    tool_calls = models.JSONField(default=list, blank=True)
+    run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL)
+    accepted_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="history_seq")]
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        FINALIZING = "finalizing"
+        VERIFYING = "verifying"
+        SETTLED = "settled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="runs")
+    segment = models.ForeignKey(Segment, on_delete=models.PROTECT, related_name="runs")
+    input = models.TextField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    phase = models.CharField(max_length=16, default="research")
+    decisions = models.JSONField(default=list)  # [{at, path, reason}] — R6.3 with reasons
+    created_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    last_progress_at = models.DateTimeField()
+    no_progress_limit_s = models.FloatField(default=300.0)
+    stage_budget_s = models.FloatField(default=120.0)
+    authorization = models.JSONField(default=dict)  # recorded at admission (R6.4)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=150, blank=True)
+    previous_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="successors"
+    )
+    trace_context = models.JSONField(default=dict, blank=True)
+    callback_url = models.URLField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"])]
+
+
+class Stage(models.Model):
+    class Kind(models.TextChoices):
+        MODEL_TURN = "model_turn"
+        TOOL_CALL = "tool_call"
+        FINALIZATION = "finalization"
+        VERIFY_EFFECT = "verify_effect"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stages")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    payload = models.JSONField(default=dict, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=32, blank=True)
+    timeout_name = models.CharField(max_length=32, blank=True)
+    detail = models.TextField(blank=True)
+    clocks = models.JSONField(default=dict, blank=True)  # the four clocks in ms (R6.1)
+    deliveries = models.PositiveIntegerField(default=0)  # how often a worker picked it up
+    claimed_at = models.DateTimeField(null=True, blank=True)  # the current holder's lease
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="stage_seq")]
+
+
+class ProviderAttempt(models.Model):
+    class Kind(models.TextChoices):
+        ORIGINAL = "original"
+        RE_RENDER = "re_render"
+        HISTORY_ONLY = "history_only"
+        RE_PROBE = "re_probe"
+        FALLBACK = "fallback"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    stage = models.ForeignKey(Stage, on_delete=models.CASCADE, related_name="attempts")
+    segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="attempts")
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="attempts")
+    model = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    request_digest = models.CharField(max_length=64)
+    started_at = models.DateTimeField()
+    latency_ms = models.PositiveIntegerField(default=0)
+    result = models.CharField(max_length=16)  # accepted / refused / failed
+    failure_class = models.CharField(max_length=32, blank=True)
+    refusal_category = models.CharField(max_length=64, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=64, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+
+
+class SegmentRefusal(models.Model):
+    """Fast-read copy of the R3.2 state per (segment, provider).
+
+    Written only by the runner on an actual refusal, in the same transaction
+    as the fallback card that stores the same state (R3.3, R3.5).
+    """
+
+    segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="refusals")
+    provider_id = models.CharField(max_length=64)
+    model = models.CharField(max_length=200, blank=True)
+    category = models.CharField(max_length=64, blank=True)
+    refusals = models.PositiveIntegerField(null=True, blank=True)  # None = legacy
+    refused_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["segment", "provider_id"], name="refusal_per_provider")
+        ]
+
+
+class RunEvent(models.Model):
+    """What happened, in order: stage changes, llm-fallback cards, chunks, settlement."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="events")
+    stage = models.ForeignKey(Stage, null=True, blank=True, on_delete=models.SET_NULL)
+    kind = models.CharField(max_length=32)  # "llm-fallback", "stage", "decision", …
+    at = models.DateTimeField()
+    metadata = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["segment", "kind"])]
+
+
+class Notification(models.Model):
+    class Severity(models.TextChoices):
+        NORMAL = "normal"
+        CRITICAL = "critical"
+
+    dedupe_key = models.CharField(max_length=300, unique=True)  # R3.6: never emitted twice
+    severity = models.CharField(max_length=16, choices=Severity.choices)
+    text = models.TextField()
+    segment = models.ForeignKey(
+        Segment, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications"
+    )
+    provider_ids = models.JSONField(default=list)
+    reprobes = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField()
+    acked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    acked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class BudgetAccount(models.Model):
+    """The one ledger of a run (R5.1); its row is the admission lock."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="budget")
+    limits = models.JSONField()
+
+
+class BudgetEntry(models.Model):
+    account = models.ForeignKey(BudgetAccount, on_delete=models.CASCADE, related_name="entries")
+    kind = models.CharField(max_length=16)  # admit / release
+    idempotency_key = models.CharField(max_length=300)
+    resource = models.CharField(max_length=32)
+    pool = models.CharField(max_length=32)
+    amount = models.PositiveIntegerField()
+    purpose = models.CharField(max_length=32)
+    for_finalization = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "idempotency_key", "kind"], name="budget_entry_key"
+            )
+        ]
+
+
+class ToolReceipt(models.Model):
+    class Effect(models.TextChoices):
+        PENDING = "pending"  # written before the effect (attempt before effect)
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        REFUSED = "refused"  # the executor refused its own operation (R4.1)
+        UNKNOWN = "unknown"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="receipts")
+    stage = models.ForeignKey(Stage, null=True, blank=True, on_delete=models.SET_NULL)
+    tool = models.CharField(max_length=64)
+    tool_call_id = models.CharField(max_length=100, blank=True)
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    arguments = models.JSONField(default=dict)
+    effect = models.CharField(max_length=16, choices=Effect.choices, default=Effect.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class BodyChunk(models.Model):
+    """R7.2: generated, committed, sent, observed — four separate facts."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
+    chunk_no = models.PositiveIntegerField()
+    version = models.PositiveIntegerField(null=True, blank=True)
+    text = models.TextField()
+    final = models.BooleanField(default=False)
+    generated_at = models.DateTimeField()
+    committed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "chunk_no"]
+        constraints = [models.UniqueConstraint(fields=["run", "chunk_no"], name="chunk_no")]
+
+
+class Settlement(models.Model):
+    """R6.5: written once per run."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="settlement")
+    outcome = models.CharField(max_length=16)
+    reason_code = models.CharField(max_length=64)
+    reason = models.TextField()
+    unknown_effects = models.JSONField(default=list)
+    settled_at = models.DateTimeField()
+
+
+class KnowledgeDocument(models.Model):
+    """The small knowledge base the search tool reads."""
+
+    title = models.CharField(max_length=200)
+    body = models.TextField()
+    tags = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["title"]
+
+
+class AuditEntry(models.Model):
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=100)
+    reason = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True, unique=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class ApiToken(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100)
+    key_digest = models.CharField(max_length=64, unique=True)  # sha256 of the token
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+class SpanRecord(models.Model):
+    """Embedded span store: the dashboard shows a run's trace without a collector."""
+
+    trace_id = models.CharField(max_length=32, db_index=True)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True)
+    name = models.CharField(max_length=200)
+    start = models.DateTimeField(db_index=True)
+    end = models.DateTimeField()
+    status = models.CharField(max_length=16, blank=True)
+    attributes = models.JSONField(default=dict)
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    component = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["start"]
+        constraints = [
+            models.UniqueConstraint(fields=["trace_id", "span_id"], name="span_identity")
+        ]

@@ -1,0 +1,659 @@
+"""Spans and metrics of a run (R6.1, R6.2): what the turn runner calls.
+
+Trace shape of one run::
+
+    <API request span>                      (Django instrumentation, if any)
+      governance.run                        admission → settlement
+        governance.stage.queue              enqueued_at → started_at
+        governance.stage.execution          started_at → finished_at
+          chat <model>                      one provider attempt (GenAI semconv)
+
+Every stage span carries the four clocks of R6.1 (``CLOCK_ATTRIBUTES``), so a
+long queue wait is visibly a queue span, never execution time (R6.2).
+
+Times come from the injected clock (``governance.clock``), which may be far
+from wall time, so every span gets explicit start/end nanoseconds from the
+datetimes the runner passes in.
+
+The run span is allocated at admission (``new_run_trace``) but emitted at
+settlement (``end_run_span``), possibly in another process. Its id travels in
+the carrier stored on the run; stage spans use it as their parent long before
+the run span exists. To emit the run span with that pre-allocated id we start
+it through the normal tracer while a context variable pins the ids that
+:class:`PinnedIdGenerator` hands out. Going through ``Tracer.start_span`` keeps
+sampling, span limits, resource and *every* span processor (OTLP, console,
+span store) without touching SDK internals; the only requirement is that the
+provider's ``id_generator`` is a ``PinnedIdGenerator`` — ``build_providers``
+creates it so, and ``get_tracer``/``use_tracer_provider`` wrap any other SDK
+provider's generator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+logger = logging.getLogger(__name__)
+
+INSTRUMENTATION_NAME = "governance"
+RUN_SPAN_NAME = "governance.run"
+QUEUE_SPAN_NAME = "governance.stage.queue"
+EXECUTION_SPAN_NAME = "governance.stage.execution"
+
+# Carrier keys besides W3C ``traceparent`` (which names the *run* span).
+RUN_SPAN_KEY = "run_span_id"
+PARENT_SPAN_KEY = "parent_span_id"  # the admission request span ("" for a new trace)
+
+CLOCK_ATTRIBUTES = (
+    "governance.clock.queue_ms",
+    "governance.clock.execution_ms",
+    "governance.clock.no_progress_ms",
+    "governance.clock.deadline_remaining_ms",
+)
+_CLOCK_KEYS = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
+_CLOCK_NAME = dict(zip(_CLOCK_KEYS, CLOCK_ATTRIBUTES, strict=True))
+# A clock the caller did not supply and we cannot compute (see _fill_clocks).
+CLOCK_UNKNOWN = -1
+
+# Short names the runner may use in AttemptSpan.finish(); dotted names pass through.
+ATTEMPT_ATTRIBUTE_ALIASES = {
+    "finish_reasons": "gen_ai.response.finish_reasons",
+    "input_tokens": "gen_ai.usage.input_tokens",
+    "output_tokens": "gen_ai.usage.output_tokens",
+    "response_model": "gen_ai.response.model",
+    "response_id": "gen_ai.response.id",
+    "refusal_verdict": "governance.refusal.verdict",
+    "reprobes": "governance.refusal.reprobes",
+    "failure_class": "governance.failure_class",
+}
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_RUN_ID_KEY = otel_context.create_key("governance.run_id")
+_STAGE_ID_KEY = otel_context.create_key("governance.stage_id")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+
+# --------------------------------------------------------------------------- ids
+
+
+@dataclass
+class _Pin:
+    trace_id: int
+    span_id: int
+    trace_used: bool = False
+    span_used: bool = False
+
+
+_pin: ContextVar[_Pin | None] = ContextVar("governance_pinned_span_ids", default=None)
+
+
+class PinnedIdGenerator(IdGenerator):
+    """Random ids, except one pinned (trace id, span id) while ``_pinned`` is active.
+
+    Each pinned id is handed out once, so a span processor that starts a span
+    of its own during ``on_start`` still gets a fresh id.
+    """
+
+    def __init__(self, fallback: IdGenerator | None = None) -> None:
+        self.fallback = fallback or RandomIdGenerator()
+
+    def generate_span_id(self) -> int:
+        pin = _pin.get()
+        if pin is not None and not pin.span_used:
+            pin.span_used = True
+            return pin.span_id
+        return self.fallback.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        pin = _pin.get()
+        if pin is not None and not pin.trace_used:
+            pin.trace_used = True
+            return pin.trace_id
+        return self.fallback.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return self.fallback.is_trace_id_random()
+
+
+@contextmanager
+def _pinned(trace_id: int, span_id: int) -> Iterator[None]:
+    token = _pin.set(_Pin(trace_id, span_id))
+    try:
+        yield
+    finally:
+        _pin.reset(token)
+
+
+def ensure_pinned_ids(provider: Any) -> None:
+    """Make an SDK provider's tracers able to emit pre-allocated run spans."""
+    if isinstance(provider, SDKTracerProvider) and not isinstance(
+        provider.id_generator, PinnedIdGenerator
+    ):
+        provider.id_generator = PinnedIdGenerator(provider.id_generator)
+
+
+# --------------------------------------------------------------------------- providers
+
+_lock = threading.Lock()
+_tracer_provider: Any = None  # None: the global provider
+_tracer_cache: tuple[Any, trace.Tracer] | None = None
+_meter_provider: Any = None  # None: the global provider
+_instruments_owner: Any = None
+_instruments: dict[str, Any] = {}
+
+
+def use_tracer_provider(provider: Any | None) -> None:
+    """Emit through ``provider`` instead of the global one (tests); None restores it."""
+    global _tracer_provider, _tracer_cache
+    with _lock:
+        _tracer_provider = provider
+        _tracer_cache = None
+
+
+def get_tracer() -> trace.Tracer:
+    global _tracer_cache
+    provider = _tracer_provider or trace.get_tracer_provider()
+    with _lock:
+        if _tracer_cache is not None and _tracer_cache[0] is provider:
+            return _tracer_cache[1]
+        # Before get_tracer: an SDK tracer copies the provider's id generator.
+        ensure_pinned_ids(provider)
+        tracer = provider.get_tracer(INSTRUMENTATION_NAME)
+        _tracer_cache = (provider, tracer)
+        return tracer
+
+
+def use_meter_provider(provider: Any | None) -> None:
+    """Record metrics through ``provider`` instead of the global one; None restores it."""
+    global _meter_provider
+    with _lock:
+        _meter_provider = provider
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ns(moment: datetime) -> int:
+    """Exact nanoseconds since the epoch of an aware datetime."""
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        raise ValueError(f"span times must be timezone-aware datetimes, got {moment!r}")
+    return (moment - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def _ms(delta: timedelta) -> int:
+    return max(delta, timedelta(0)) // _ONE_MS
+
+
+def _fallback_now(not_before: datetime) -> datetime:
+    # A block that raised before .end()/.finish(): the injected clock is the
+    # best time we have. Never before the span's start.
+    from governance import clock
+
+    return max(clock.now(), not_before)
+
+
+def _attribute_value(value: Any) -> Any:
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value // _ONE_MS
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_attribute_value(v) for v in value if v is not None]
+        return [v if isinstance(v, str | bool | int | float) else str(v) for v in items]
+    return str(value)
+
+
+def otel_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Attribute values OTel accepts: None dropped, enums/UUIDs/datetimes flattened."""
+    return {
+        str(key): _attribute_value(value)
+        for key, value in (attributes or {}).items()
+        if value is not None
+    }
+
+
+def clock_attributes(clocks_ms: Mapping[str, Any] | Any) -> dict[str, int]:
+    """R6.1: ``{queue_ms, execution_ms, no_progress_ms, deadline_remaining_ms}`` →
+    the ``governance.clock.*`` attribute names (a ``StageClocks`` is accepted too)."""
+    if hasattr(clocks_ms, "as_millis"):
+        clocks_ms = clocks_ms.as_millis()
+    out = {}
+    for key, value in clocks_ms.items():
+        name = _CLOCK_NAME.get(key) or (key if key in CLOCK_ATTRIBUTES else None)
+        if name is None:
+            raise ValueError(f"unknown clock {key!r}; known clocks: {', '.join(_CLOCK_KEYS)}")
+        out[name] = int(value)
+    return out
+
+
+def _fill_clocks(attributes: dict[str, Any], computed: Mapping[str, int], where: str) -> None:
+    """R6.1: every stage span carries all four clocks.
+
+    Missing ones are computed from the span's own times when possible, else
+    set to ``CLOCK_UNKNOWN`` (-1) and logged: a missing clock is a runner bug,
+    not a reason to lose the span.
+    """
+    missing = []
+    for name in CLOCK_ATTRIBUTES:
+        if name in attributes:
+            continue
+        if name in computed:
+            attributes[name] = computed[name]
+        else:
+            attributes[name] = CLOCK_UNKNOWN
+            missing.append(name)
+    if missing:
+        logger.warning("%s span without clock(s) %s", where, ", ".join(missing))
+
+
+def _stage_identity(run_id: Any, stage_id: Any, stage_kind: Any) -> dict[str, Any]:
+    return otel_attributes(
+        {
+            "governance.run_id": str(run_id),
+            "governance.stage_id": str(stage_id),
+            "governance.stage_kind": stage_kind,
+        }
+    )
+
+
+def _record_failure(span: trace.Span, exc: BaseException, at: datetime) -> None:
+    span.record_exception(exc, timestamp=_ns(at), escaped=True)
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__qualname__}: {exc}"[:500]))
+
+
+# --------------------------------------------------------------------------- propagation
+
+
+def current_carrier() -> dict[str, str]:
+    """W3C TraceContext headers of the current span (empty when there is none)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier
+
+
+def context_from(carrier: Mapping[str, str] | None) -> Context:
+    """The context a W3C carrier describes; an empty one (a new trace) if invalid.
+
+    Deliberately not based on the current context: a stage span must hang
+    under its run span, not under whatever Celery span happens to be current.
+    """
+    return _PROPAGATOR.extract(dict(carrier or {}), context=Context())
+
+
+def _run_span_context(carrier: Mapping[str, str] | None) -> SpanContext | None:
+    span_context = trace.get_current_span(context_from(carrier)).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def new_run_trace(run_id: Any, *, thread_id: Any, segment_key: Any) -> dict[str, str]:
+    """Allocate the run span's identity at admission; store the carrier on the run.
+
+    The run span is a child of the current span (the API request span, if
+    any) and so continues its trace; without one it starts a new trace.
+    ``traceparent`` names the run span itself, so any W3C consumer of the
+    carrier parents its spans under the run.
+    """
+    current = trace.get_current_span()
+    parent = current.get_span_context()
+    ids = RandomIdGenerator()
+    if parent.is_valid:
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+    else:
+        trace_id = ids.generate_trace_id()
+        flags, state = trace.TraceFlags(trace.TraceFlags.SAMPLED), None
+    span_id = ids.generate_span_id()
+    run_context = SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=flags, trace_state=state
+    )
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(run_context)))
+    carrier[RUN_SPAN_KEY] = format(span_id, "016x")
+    carrier[PARENT_SPAN_KEY] = format(parent.span_id, "016x") if parent.is_valid else ""
+    if current.is_recording():
+        # The admission request is part of the run's story in the span store.
+        current.set_attributes(
+            otel_attributes(
+                {
+                    "governance.run_id": str(run_id),
+                    "governance.thread_id": str(thread_id),
+                    "governance.segment_key": segment_key,
+                    "governance.run_span_id": carrier[RUN_SPAN_KEY],
+                }
+            )
+        )
+    return carrier
+
+
+# --------------------------------------------------------------------------- spans
+
+
+def end_run_span(
+    carrier: Mapping[str, str],
+    *,
+    run_id: Any,
+    started_at: datetime,
+    ended_at: datetime,
+    attributes: Mapping[str, Any] | None = None,
+) -> None:
+    """Emit the root ``governance.run`` span with the id allocated at admission.
+
+    Emitting it twice (a redelivered settlement) produces the same ids; the
+    span store keeps one row.
+    """
+    run = _run_span_context(carrier)
+    if run is None:
+        logger.warning("run %s: no valid trace carrier, run span not emitted", run_id)
+        return
+    parent_hex = (carrier or {}).get(PARENT_SPAN_KEY) or ""
+    parent_context = Context()  # never the current (Celery) span
+    try:
+        parent_id = int(parent_hex, 16) if parent_hex else 0
+    except ValueError:
+        parent_id = 0
+    if parent_id:
+        parent = SpanContext(
+            run.trace_id,
+            parent_id,
+            is_remote=True,
+            trace_flags=run.trace_flags,
+            trace_state=run.trace_state,
+        )
+        parent_context = trace.set_span_in_context(NonRecordingSpan(parent), Context())
+    attrs = {**otel_attributes(attributes), "governance.run_id": str(run_id)}
+    with _pinned(run.trace_id, run.span_id):
+        span = get_tracer().start_span(
+            RUN_SPAN_NAME, context=parent_context, attributes=attrs, start_time=_ns(started_at)
+        )
+    got = span.get_span_context()
+    if span.is_recording() and (got.trace_id, got.span_id) != (run.trace_id, run.span_id):
+        logger.warning(
+            "run %s: tracer provider ignores pinned ids (no PinnedIdGenerator); "
+            "stage spans will not link to this run span",
+            run_id,
+        )
+    span.end(end_time=_ns(max(ended_at, started_at)))
+
+
+def record_queue_span(
+    carrier: Mapping[str, str],
+    *,
+    run_id: Any,
+    stage_id: Any,
+    stage_kind: Any,
+    enqueued_at: datetime,
+    started_at: datetime,
+    attributes: Mapping[str, Any] | None = None,
+) -> None:
+    """R6.1/R6.2: the time a stage spent queued, as its own span under the run."""
+    attrs = {**_stage_identity(run_id, stage_id, stage_kind), **otel_attributes(attributes)}
+    _fill_clocks(
+        attrs,
+        {CLOCK_ATTRIBUTES[0]: _ms(started_at - enqueued_at), CLOCK_ATTRIBUTES[1]: 0},
+        QUEUE_SPAN_NAME,
+    )
+    span = get_tracer().start_span(
+        QUEUE_SPAN_NAME,
+        context=context_from(carrier),
+        attributes=attrs,
+        start_time=_ns(enqueued_at),
+    )
+    span.end(end_time=_ns(max(started_at, enqueued_at)))
+
+
+class StageSpan:
+    """Handle of a ``governance.stage.execution`` span."""
+
+    def __init__(self, span: trace.Span, started_at: datetime) -> None:
+        self.span = span
+        self.started_at = started_at
+        self.ended = False
+        self._attributes: dict[str, Any] = {}
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        attrs = otel_attributes(attributes)
+        self._attributes.update(attrs)
+        self.span.set_attributes(attrs)
+
+    def end(self, finished_at: datetime | None = None) -> None:
+        """End at ``finished_at`` (the injected clock's now when None); idempotent."""
+        if self.ended:
+            return
+        finished_at = max(finished_at or _fallback_now(self.started_at), self.started_at)
+        attrs = dict(self._attributes)
+        _fill_clocks(
+            attrs,
+            {CLOCK_ATTRIBUTES[1]: _ms(finished_at - self.started_at)},
+            EXECUTION_SPAN_NAME,
+        )
+        self.set_attributes({k: v for k, v in attrs.items() if k not in self._attributes})
+        self.ended = True
+        self.span.end(end_time=_ns(finished_at))
+
+
+@contextmanager
+def execution_span(
+    carrier: Mapping[str, str],
+    *,
+    run_id: Any,
+    stage_id: Any,
+    stage_kind: Any,
+    started_at: datetime,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[StageSpan]:
+    """R6.1: a stage's execution, child of the run span and current inside the block.
+
+    Attempt spans opened in the block are its children. If the block raises,
+    the exception is recorded and the span still ends (at the injected clock's
+    now unless ``.end()`` was called).
+    """
+    span = get_tracer().start_span(
+        EXECUTION_SPAN_NAME,
+        context=context_from(carrier),
+        attributes=_stage_identity(run_id, stage_id, stage_kind),
+        start_time=_ns(started_at),
+    )
+    handle = StageSpan(span, started_at)
+    if attributes:
+        handle.set_attributes(attributes)
+    ctx = trace.set_span_in_context(span)
+    ctx = otel_context.set_value(_RUN_ID_KEY, str(run_id), ctx)
+    ctx = otel_context.set_value(_STAGE_ID_KEY, str(stage_id), ctx)
+    token = otel_context.attach(ctx)
+    try:
+        yield handle
+    except BaseException as exc:
+        if not handle.ended:
+            _record_failure(span, exc, _fallback_now(started_at))
+        raise
+    finally:
+        otel_context.detach(token)
+        handle.end()
+
+
+class AttemptSpan:
+    """Handle of one provider attempt (a GenAI ``chat`` client span)."""
+
+    def __init__(self, span: trace.Span, started_at: datetime) -> None:
+        self.span = span
+        self.started_at = started_at
+        self.ended = False
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.span.set_attributes(_attempt_attributes(attributes))
+
+    def finish(self, ended_at: datetime, attributes: Mapping[str, Any] | None = None) -> None:
+        """Record the outcome and end the span; idempotent.
+
+        ``governance.failure_class`` (or ``failure_class``) marks the span as
+        an error with that class as ``error.type``.
+        """
+        if self.ended:
+            return
+        attrs = _attempt_attributes(attributes or {})
+        failure = attrs.get("governance.failure_class")
+        if failure:
+            attrs.setdefault("error.type", str(failure))
+            self.span.set_status(Status(StatusCode.ERROR, str(failure)))
+        self.span.set_attributes(attrs)
+        self.ended = True
+        self.span.end(end_time=_ns(max(ended_at, self.started_at)))
+
+
+def _attempt_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    attrs = otel_attributes({ATTEMPT_ATTRIBUTE_ALIASES.get(k, k): v for k, v in attributes.items()})
+    reasons = attrs.get("gen_ai.response.finish_reasons")
+    if isinstance(reasons, str):
+        attrs["gen_ai.response.finish_reasons"] = [reasons]
+    return attrs
+
+
+@contextmanager
+def attempt_span(
+    *,
+    provider_id: Any,
+    kind: Any,
+    model: Any,
+    started_at: datetime,
+    segment_key: Any,
+) -> Iterator[AttemptSpan]:
+    """One provider attempt under the current (execution) span, GenAI semconv.
+
+    If the block raises before ``.finish()``, the exception is recorded and the
+    span ends at the injected clock's now.
+    """
+    attrs = otel_attributes(
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider_id,
+            "gen_ai.request.model": model,
+            "governance.segment_key": segment_key,
+            "governance.attempt.kind": kind,
+            "governance.run_id": otel_context.get_value(_RUN_ID_KEY),
+            "governance.stage_id": otel_context.get_value(_STAGE_ID_KEY),
+        }
+    )
+    span = get_tracer().start_span(
+        f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs, start_time=_ns(started_at)
+    )
+    handle = AttemptSpan(span, started_at)
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield handle
+    except BaseException as exc:
+        if not handle.ended:
+            at = _fallback_now(started_at)
+            _record_failure(span, exc, at)
+            handle.finish(at)
+        raise
+    finally:
+        otel_context.detach(token)
+        if not handle.ended:
+            handle.finish(_fallback_now(started_at))
+
+
+# --------------------------------------------------------------------------- metrics
+
+COUNTERS: dict[str, tuple[str, str]] = {
+    "governance.refusals": ("{refusal}", "Provider refusals, by provider and segment"),
+    "governance.reprobes": ("{reprobe}", "Refusal re-probes, by provider"),
+    "governance.freezes": ("{freeze}", "Provider freezes in a segment"),
+    "governance.fallbacks": ("{fallback}", "Fallbacks to another provider"),
+    "governance.notifications": ("{notification}", "Notifications, by severity and channel"),
+}
+HISTOGRAMS: dict[str, str] = {
+    "governance.clock.queue": "queue_ms",
+    "governance.clock.execution": "execution_ms",
+}
+# Queue waits run to minutes; the SDK's default buckets stop at 10 s.
+CLOCK_BUCKETS_MS = (
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000,
+    60_000, 120_000, 300_000, 600_000, 1_800_000, 3_600_000,
+)  # fmt: skip
+
+
+def _instrument(name: str) -> Any:
+    global _instruments_owner
+    provider = _meter_provider or metrics.get_meter_provider()
+    with _lock:
+        if _instruments_owner is not provider:
+            _instruments.clear()
+            _instruments_owner = provider
+        instrument = _instruments.get(name)
+        if instrument is None:
+            meter = provider.get_meter(INSTRUMENTATION_NAME)
+            if name in COUNTERS:
+                unit, description = COUNTERS[name]
+                instrument = meter.create_counter(name, unit=unit, description=description)
+            else:
+                instrument = meter.create_histogram(
+                    name,
+                    unit="ms",
+                    description=f"Stage {HISTOGRAMS[name][:-3]} clock (R6.1)",
+                    explicit_bucket_boundaries_advisory=CLOCK_BUCKETS_MS,
+                )
+            _instruments[name] = instrument
+        return instrument
+
+
+def count(name: str, amount: int = 1, **attributes: Any) -> None:
+    """Add to a governance counter (``governance.refusals`` or just ``refusals``)."""
+    full = name if name.startswith("governance.") else f"governance.{name}"
+    if full not in COUNTERS:
+        raise ValueError(f"unknown counter {name!r}; known: {', '.join(COUNTERS)}")
+    if amount < 0:
+        raise ValueError("counters only go up")
+    _instrument(full).add(amount, otel_attributes(attributes))
+
+
+def observe_clocks(stage_kind: Any, clocks_ms: Mapping[str, Any] | Any, **attributes: Any) -> None:
+    """R6.1: record a finished stage's queue and execution clocks (ms)."""
+    clocks = clock_attributes(clocks_ms)
+    attrs = otel_attributes({"governance.stage_kind": stage_kind, **attributes})
+    for name, key in HISTOGRAMS.items():
+        value = clocks.get(_CLOCK_NAME[key])
+        if value is not None and value >= 0:
+            _instrument(name).record(value, attrs)
+
+
+__all__ = [
+    "CLOCK_ATTRIBUTES",
+    "AttemptSpan",
+    "PinnedIdGenerator",
+    "StageSpan",
+    "attempt_span",
+    "clock_attributes",
+    "context_from",
+    "count",
+    "current_carrier",
+    "end_run_span",
+    "execution_span",
+    "get_tracer",
+    "new_run_trace",
+    "observe_clocks",
+    "record_queue_span",
+    "use_meter_provider",
+    "use_tracer_provider",
+]
