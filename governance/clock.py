@@ -29,8 +29,12 @@ class ManualClock:
         with self._lock:
             return self._now
 
-    def advance(self, delta: timedelta | None = None, /, **parts: float) -> datetime:
-        step = delta if delta is not None else timedelta(**parts)
+    def advance(self, delta: timedelta | float | None = None, /, **parts: float) -> datetime:
+        """Move forward by a timedelta, a number of seconds, or timedelta parts."""
+        if isinstance(delta, int | float):
+            step = timedelta(seconds=delta)
+        else:
+            step = delta if delta is not None else timedelta(**parts)
         if step < timedelta(0):
             raise ValueError("time does not run backwards")
         with self._lock:

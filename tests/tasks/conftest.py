@@ -1,0 +1,97 @@
+"""Fixtures for the engine: a manual clock, a real Celery worker on Redis, the API."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from dashboard.api import token_digest
+from governance import clock
+from governance.models import ApiToken, Provider, Run
+from tasks import celery_app
+from tests.conftest import requires_services
+
+
+@pytest.fixture
+def manual_clock():
+    start = datetime.now(UTC).replace(microsecond=0)
+    the_clock = clock.ManualClock(start)
+    clock.install(the_clock)
+    yield the_clock
+    clock.install(None)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """A real worker consuming the real Redis broker, in this process (threads),
+    so it shares the installed manual clock."""
+    assert requires_services(), "run the suite with `make test` (real PostgreSQL and Redis)"
+    celery_app.conf.broker_connection_retry_on_startup = True
+    with start_worker(
+        celery_app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=30,
+    ) as running:
+        yield running
+
+
+class Api:
+    def __init__(self, client, token: str) -> None:
+        self.client = client
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def post(self, path: str, body: dict | None = None, expect: int | None = None):
+        response = self.client.post(
+            path, data=json.dumps(body or {}), content_type="application/json",
+            headers=self.headers,
+        )  # fmt: skip
+        if expect is not None:
+            assert response.status_code == expect, response.content.decode()[:2000]
+        return response
+
+    def get(self, path: str, expect: int | None = 200):
+        response = self.client.get(path, headers=self.headers)
+        if expect is not None:
+            assert response.status_code == expect, response.content.decode()[:2000]
+        return response
+
+    def run_and_wait(self, thread_id: str, text: str, timeout: float = 60.0, **extra) -> dict:
+        accepted = self.post(
+            f"/api/v1/threads/{thread_id}/runs", {"input": text, **extra}, expect=202
+        ).json()
+        return self.wait(accepted["run_id"], timeout)
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if Run.objects.filter(id=run_id, status=Run.Status.SETTLED).exists():
+                return self.get(f"/api/v1/runs/{run_id}").json()
+            time.sleep(0.05)
+        body = self.get(f"/api/v1/runs/{run_id}").json()
+        raise AssertionError(f"run {run_id} did not settle: {json.dumps(body, indent=1)[:4000]}")
+
+
+@pytest.fixture
+def api(client, django_user_model):
+    user = django_user_model.objects.create_user("engine", password="unused-password-1")
+    token = "test-token-" + "x" * 20
+    ApiToken.objects.create(user=user, name="tests", key_digest=token_digest(token))
+    return Api(client, token)
+
+
+@pytest.fixture
+def scripted_provider():
+    def make(provider_id: str, script: dict, model: str | None = None) -> Provider:
+        return Provider.objects.create(
+            provider_id=provider_id, kind="scripted", model=model or f"{provider_id}-model",
+            script=script,
+        )  # fmt: skip
+
+    return make
