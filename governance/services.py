@@ -45,6 +45,7 @@ from governance.models import (
     TurnRefusalMemo,
 )
 from governance.refusal import ProviderRefusal, card_entry, refusal_verdict
+from governance.refusal import refused_at_datetime as refusal_datetime
 from governance.routing import TurnOutcome
 
 
@@ -969,7 +970,9 @@ def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:
             if refusal
             else {"provider_id": provider_id, "refusals": 0, "refused_at": None}
         )
+        refused_at = refusal_datetime(refusal) if refusal else None
         entry.update(
+            refused_at=refused_at.isoformat() if refused_at else None,
             state=verdict.state,
             reprobes=verdict.reprobes,
             next_probe_at=verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,

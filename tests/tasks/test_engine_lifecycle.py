@@ -320,3 +320,31 @@ def test_r6_1_spans_carry_the_four_clocks_and_genai_attributes(
     assert attempt.attributes["gen_ai.request.model"] == "p-model"
     assert attempt.attributes["governance.refusal.verdict"] == "eligible"
     assert run["id"] == root.attributes["governance.run_id"]
+
+
+def test_r6_1_trace_continues_from_the_api_request_and_lands_in_the_span_store(
+    api, worker, manual_clock, scripted_provider, spans_memory
+):
+    """The API request's trace goes through Celery to the worker; the embedded
+    store keeps the run's spans for the dashboard."""
+    from governance.models import SpanRecord
+    from tasks.span_store import DatabaseSpanExporter
+
+    provider = instrumentation._tracer_provider
+    provider.add_span_processor(SimpleSpanProcessor(DatabaseSpanExporter()))
+    scripted_provider("p", ANSWER)
+    thread = make_thread(api, ["p"])
+    tracer = provider.get_tracer("tests")
+    with tracer.start_as_current_span("POST /api/v1/threads/{id}/runs") as request_span:
+        accepted = api.post(
+            f"/api/v1/threads/{thread['id']}/runs", {"input": "Hello"}, expect=202
+        ).json()
+    api.wait(accepted["run_id"])
+    trace_id = request_span.get_span_context().trace_id
+    finished = spans_memory.get_finished_spans()
+    run_spans = [s for s in finished if s.name.startswith("governance.")]
+    assert run_spans and {s.context.trace_id for s in run_spans} == {trace_id}
+    stored = SpanRecord.objects.filter(run_id=accepted["run_id"])
+    names = set(stored.values_list("name", flat=True))
+    assert {"governance.run", "governance.stage.queue", "governance.stage.execution"} <= names
+    assert all(set(CLOCK_ATTRIBUTES) <= set(s.attributes) for s in stored if "stage" in s.name)

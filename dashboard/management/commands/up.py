@@ -79,6 +79,7 @@ class Command(BaseCommand):
                     "use --no-demo-admin and manage.py createsuperuser"
                 )
             username, password = ensure_demo_admin(var_dir)
+            call_command("seed_demo_providers", verbosity=0)
             self.stdout.write(
                 self.style.SUCCESS(
                     f"Dashboard: http://{host}:{port}/  user: {username}  password: {password}"
