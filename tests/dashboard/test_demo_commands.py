@@ -35,3 +35,30 @@ def test_create_api_token_for_unknown_user_fails_readably():
 
     with pytest.raises(CommandError, match="no user named 'ghost'"):
         call_command("create_api_token", "ghost")
+
+
+def test_clock_advance_moves_the_shared_clock_for_rehearsals(settings, capsys):
+    from django.core.cache import cache
+
+    from governance import clock
+
+    settings.GOVERNANCE_CLOCK_ADJUSTABLE = True
+    cache.delete(clock.OFFSET_CACHE_KEY)
+    before = clock.now()
+    call_command("clock", "advance", "15m")
+    assert "total offset 0:15:00" in capsys.readouterr().out
+    assert (clock.now() - before).total_seconds() >= 15 * 60
+    cache.delete(clock.OFFSET_CACHE_KEY)
+
+
+def test_clock_advance_refuses_without_the_setting_and_bad_durations(settings):
+    from django.core.management.base import CommandError
+
+    settings.GOVERNANCE_CLOCK_ADJUSTABLE = False
+    with pytest.raises(CommandError, match="GOVERNANCE_CLOCK_ADJUSTABLE"):
+        call_command("clock", "advance", "15m")
+    settings.GOVERNANCE_CLOCK_ADJUSTABLE = True
+    with pytest.raises(CommandError, match="not a duration"):
+        call_command("clock", "advance", "soon")
+    with pytest.raises(CommandError, match="how far"):
+        call_command("clock", "advance")

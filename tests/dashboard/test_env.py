@@ -98,3 +98,22 @@ def test_database_url_sqlite_relative_and_absolute(tmp_path: Path):
 def test_database_url_rejects_what_it_cannot_run_on(url, tmp_path: Path):
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         database_from_url(url, base_dir=tmp_path)
+
+
+def test_r3_2_reprobe_delays_come_from_the_environment(monkeypatch):
+    from datetime import timedelta
+
+    from dashboard.env import env_durations
+
+    monkeypatch.setenv("DELAYS", "1m, 2h,90s")
+    assert env_durations("DELAYS", "15m,1h,6h") == (
+        timedelta(minutes=1),
+        timedelta(hours=2),
+        timedelta(seconds=90),
+    )
+    monkeypatch.delenv("DELAYS")
+    assert env_durations("DELAYS", "15m,1h,6h")[-1] == timedelta(hours=6)
+    for bad in ("soon", "-5m", "0s"):
+        monkeypatch.setenv("DELAYS", bad)
+        with pytest.raises(ImproperlyConfigured, match="DELAYS"):
+            env_durations("DELAYS", "15m")
