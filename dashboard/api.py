@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
@@ -31,7 +35,11 @@ class ApiError(Exception):
 
 
 def error_response(status: int, field: str | None, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"field": field, "message": message}}, status=status)
+    response = JsonResponse({"error": {"field": field, "message": message}}, status=status)
+    if status == 401:
+        # RFC 9110 §15.5.2: a 401 names the scheme the client should use.
+        response["WWW-Authenticate"] = 'Bearer realm="api"'
+    return response
 
 
 def token_digest(token: str) -> str:
@@ -80,15 +88,36 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     if request.content_type != "application/json":
         raise ApiError(415, None, "send a JSON body with Content-Type: application/json")
     try:
-        data = json.loads(request.body or b"{}")
+        data = json.loads(request.body or b"{}", parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
+    except _NotJsonError as exc:
+        raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, None, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, None, "the body must be a JSON object")
     return data
 
 
-def _field(data: dict, name: str, kind: type | tuple, *, required: bool = False, default=None):
+class _NotJsonError(ValueError):
+    pass
+
+
+def _not_json(constant: str):
+    # NaN and Infinity are not JSON (RFC 8259); Python's parser accepts them.
+    raise _NotJsonError(f"{constant} is not a JSON value")
+
+
+def _field(
+    data: dict,
+    name: str,
+    kind: type | tuple,
+    *,
+    required: bool = False,
+    default=None,
+    max_length: int | None = None,
+):
     if name not in data or data[name] is None:
         if required:
             raise ApiError(400, name, "is required")
@@ -98,6 +127,37 @@ def _field(data: dict, name: str, kind: type | tuple, *, required: bool = False,
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ApiError(400, name, f"must be a {names}")
+    # Longer than its column: answer 400 here rather than 500 from the database.
+    if max_length is not None and len(value) > max_length:
+        raise ApiError(400, name, f"must be at most {max_length} characters")
+    return value
+
+
+def _seconds(data: dict, name: str) -> float | None:
+    """A positive, finite number of seconds that still names a representable time.
+
+    0 is refused here, not read as "use the default"; a huge value is refused
+    instead of overflowing the deadline arithmetic.
+    """
+    value = _field(data, name, (int, float), default=None)
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise ApiError(400, name, "must be a positive number of seconds")
+    try:
+        clock.now() + timedelta(seconds=value)
+    except (OverflowError, ValueError):
+        raise ApiError(400, name, "is too large") from None
+    return value
+
+
+def _callback_url(data: dict) -> str:
+    value = _field(data, "callback_url", str, default="", max_length=200)
+    if value:
+        try:
+            URLValidator(schemes=["http", "https"])(value)
+        except ValidationError:
+            raise ApiError(400, "callback_url", "must be an http(s) URL") from None
     return value
 
 
@@ -256,11 +316,11 @@ def create_thread(request: HttpRequest) -> JsonResponse:
     thread = services.create_thread(
         provider_chain=_string_list(data, "provider_chain", required=True),
         title=_field(data, "title", str, default=""),
-        model=_field(data, "model", str, default=""),
-        mode=_field(data, "mode", str, default="default"),
+        model=_field(data, "model", str, default="", max_length=200),
+        mode=_field(data, "mode", str, default="default", max_length=50),
         tool_surface=_string_list(data, "tool_surface") or [],
         system_prompt=_field(data, "system_prompt", str, default=""),
-        callback_url=_field(data, "callback_url", str, default=""),
+        callback_url=_callback_url(data),
         user=request.api_user,
         now=clock.now(),
     )
@@ -289,16 +349,16 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     data = _body(request)
     text = _field(data, "input", str, required=True)
     budget = _field(data, "budget", dict, default=None)
-    numbers = {}
-    for name in ("deadline_s", "stage_budget_s", "no_progress_s"):
-        numbers[name] = _field(data, name, (int, float), default=None)
+    numbers = {
+        name: _seconds(data, name) for name in ("deadline_s", "stage_budget_s", "no_progress_s")
+    }
     with transaction.atomic():
         run, stage, created = services.submit_run(
             thread,
             input=text,
             user=request.api_user,
             now=clock.now(),
-            idempotency_key=_field(data, "idempotency_key", str, default=None),
+            idempotency_key=_field(data, "idempotency_key", str, default=None, max_length=200),
             limits=budget,
             **numbers,
         )
@@ -345,16 +405,23 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
 def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
     data = _body(request)
+    key = _field(data, "idempotency_key", str, required=True, max_length=300)
+    if not key.strip():
+        # R8.3: without a key a double click would make two boundaries.
+        raise ApiError(400, "idempotency_key", "is required")
     segment, created = services.apply_boundary(
         thread,
         _field(data, "kind", str, required=True),
         by=request.api_user.get_username(),
         reason=_field(data, "reason", str, required=True),
-        idempotency_key=_field(data, "idempotency_key", str, required=True),
-        model=_field(data, "model", str, default=None),
-        mode=_field(data, "mode", str, default=None),
+        idempotency_key=key,
+        model=_field(data, "model", str, default=None, max_length=200),
+        mode=_field(data, "mode", str, default=None, max_length=50),
         tool_surface=_string_list(data, "tool_surface"),
         system_prompt=_field(data, "system_prompt", str, default=None),
         now=clock.now(),
     )
+    if not created and segment.thread_id != thread.id:
+        # The key was spent on another thread's boundary: never answer with its segment.
+        raise ApiError(400, "idempotency_key", "already used for another thread")
     return JsonResponse(segment_json(segment, clock.now()), status=201 if created else 200)
