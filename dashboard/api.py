@@ -404,6 +404,9 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
 @api_view(("POST",))
 def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    if not request.api_user.has_perm("governance.apply_boundary"):
+        # R8.3: forcing a boundary needs the permission, like the dashboard button.
+        raise ApiError(403, None, "forcing a boundary needs the 'apply_boundary' permission")
     data = _body(request)
     key = _field(data, "idempotency_key", str, required=True, max_length=300)
     if not key.strip():

@@ -144,6 +144,9 @@ class Segment(models.Model):
 
     class Meta:
         ordering = ["-opened_at"]
+        permissions = [
+            ("apply_boundary", "Can force a boundary (compact, fresh start, switch model)"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["session", "segment_no"], name="segment_number"),
             models.UniqueConstraint(
@@ -318,6 +321,7 @@ class Notification(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("acknowledge_notification", "Can acknowledge alerts")]
 
 
 class BudgetAccount(models.Model):

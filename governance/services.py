@@ -178,10 +178,11 @@ def apply_boundary(
     Idempotent by key: the same key returns the segment it opened the first
     time (a double click makes one boundary). Returns (segment, created).
     """
-    if idempotency_key:
-        done = AuditEntry.objects.filter(idempotency_key=idempotency_key).first()
-        if done is not None:
-            return Segment.objects.get(key=done.detail["opened"]), False
+    audit_key = f"boundary:{idempotency_key}" if idempotency_key else None
+    if audit_key:
+        opened = _boundary_done(audit_key)
+        if opened is not None:
+            return opened, False
     try:
         kind = segment_rules.BoundaryKind(kind)
     except ValueError:
@@ -196,6 +197,13 @@ def apply_boundary(
         if unknown_tools:
             raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
     with transaction.atomic():
+        # One boundary at a time per thread: a double click waits here, then
+        # finds the first click's boundary by its key.
+        Thread.objects.select_for_update().get(pk=thread.pk)
+        if audit_key:
+            opened = _boundary_done(audit_key)
+            if opened is not None:
+                return opened, False
         current = (
             Segment.objects.select_for_update()
             .select_related("session")
@@ -264,9 +272,14 @@ def apply_boundary(
             reason=reason.strip(),
             detail={"closed": current.key, "opened": opened.key, "model": new_config.model},
             now=now,
-            idempotency_key=idempotency_key,
+            idempotency_key=audit_key,
         )
     return opened, True
+
+
+def _boundary_done(audit_key: str) -> Segment | None:
+    done = AuditEntry.objects.filter(idempotency_key=audit_key).first()
+    return Segment.objects.get(key=done.detail["opened"]) if done is not None else None
 
 
 # --------------------------------------------------------------------------- history
@@ -598,31 +611,65 @@ def submit_run(
         if getattr(user, "is_authenticated", False)
         else []
     )
-    with transaction.atomic():
-        segment = open_segment(thread)
-        run = Run.objects.create(
-            thread=thread,
-            segment=segment,
-            input=input,
-            created_at=now,
-            deadline_at=now + timedelta(seconds=durations["deadline_s"]),
-            last_progress_at=now,
-            no_progress_limit_s=durations["no_progress_s"],
-            stage_budget_s=durations["stage_budget_s"],
-            authorization={
-                "user": getattr(user, "username", "") or "",
-                "scopes": scopes,
-                "recorded_at": now.isoformat(),
-            },
-            idempotency_key=idempotency_key or None,
-            trace_context=trace_context or {},
-            callback_url=thread.callback_url,
-            previous_run=previous_run,
-        )
-        BudgetAccount.objects.create(run=run, limits=merged)
-        stage = enqueue_stage(
-            run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
-        )
+    try:
+        with transaction.atomic():
+            return _admit_run(
+                thread,
+                input,
+                now,
+                user,
+                idempotency_key,
+                durations,
+                merged,
+                scopes,
+                trace_context,
+                previous_run,
+            )
+    except IntegrityError:
+        # Another request with the same key got there first: answer with its run.
+        if idempotency_key and (
+            existing := Run.objects.filter(idempotency_key=idempotency_key).first()
+        ):
+            return existing, None, False
+        raise
+
+
+def _admit_run(
+    thread,
+    input,
+    now,
+    user,
+    idempotency_key,
+    durations,
+    merged,
+    scopes,
+    trace_context,
+    previous_run,
+) -> tuple[Run, Stage, bool]:
+    segment = open_segment(thread)
+    run = Run.objects.create(
+        thread=thread,
+        segment=segment,
+        input=input,
+        created_at=now,
+        deadline_at=now + timedelta(seconds=durations["deadline_s"]),
+        last_progress_at=now,
+        no_progress_limit_s=durations["no_progress_s"],
+        stage_budget_s=durations["stage_budget_s"],
+        authorization={
+            "user": getattr(user, "username", "") or "",
+            "scopes": scopes,
+            "recorded_at": now.isoformat(),
+        },
+        idempotency_key=idempotency_key or None,
+        trace_context=trace_context or {},
+        callback_url=thread.callback_url,
+        previous_run=previous_run,
+    )
+    BudgetAccount.objects.create(run=run, limits=merged)
+    stage = enqueue_stage(
+        run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
+    )
     return run, stage, True
 
 

@@ -124,7 +124,11 @@ def manual_clock():
 
 @pytest.fixture
 def user(django_user_model):
-    return django_user_model.objects.create_user(USERNAME)  # no password: fast, unusable
+    from django.contrib.auth.models import Permission
+
+    operator = django_user_model.objects.create_user(USERNAME)  # no password: unusable
+    operator.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    return operator
 
 
 @pytest.fixture
@@ -303,11 +307,14 @@ def test_auth_the_scheme_is_case_insensitive(client, api, thread):
 
 def test_auth_other_users_tokens_do_not_interfere(client, api, django_user_model, thread):
     """Only the row whose digest matches is used; its user is the actor."""
+    from django.contrib.auth.models import Permission
+
     other = django_user_model.objects.create_user("someone-else")
+    other.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
     ApiToken.objects.create(user=other, name="other", key_digest=token_digest("other-token-1234"))
     other_api = JsonApi(client, "other-token-1234")
     other_api.post(boundaries_url(thread), boundary("compact", "k-other"), status=201)
-    assert AuditEntry.objects.get(idempotency_key="k-other").actor == "someone-else"
+    assert AuditEntry.objects.get(idempotency_key="boundary:k-other").actor == "someone-else"
 
 
 # --------------------------------------------------------------------------- methods and bodies
@@ -1124,7 +1131,7 @@ def test_r1_4_the_old_segment_is_closed_with_who_why_when_and_otherwise_unchange
     assert old.close_reason == "alpha keeps refusing"
     assert old.next_segment.key == body["key"]
 
-    audit = AuditEntry.objects.get(idempotency_key="r14")
+    audit = AuditEntry.objects.get(idempotency_key="boundary:r14")
     assert audit.action == "boundary.model_switch"
     assert audit.actor == USERNAME
     assert audit.reason == "alpha keeps refusing"
@@ -1234,7 +1241,7 @@ def test_r8_3_double_click_makes_one_boundary_and_one_audit_entry(api, thread, m
     assert second["key"] == first["key"]
     assert second["session_id"] == first["session_id"]
     assert counts() == before
-    assert AuditEntry.objects.filter(idempotency_key="click").count() == 1
+    assert AuditEntry.objects.filter(idempotency_key="boundary:click").count() == 1
     assert AuditEntry.objects.filter(action__startswith="boundary.").count() == 1
     assert ThreadSession.objects.filter(thread_id=thread["id"]).count() == 2
 
@@ -1275,3 +1282,21 @@ def test_boundary_on_unknown_or_malformed_thread_is_404_json(api, thread_id):
         api.post(f"/api/v1/threads/{thread_id}/boundaries", boundary("compact", "k")), 404, None
     )
     assert counts() == before
+
+
+def test_r8_3_forcing_a_boundary_needs_the_permission(client, django_user_model, manual_clock):
+    from governance.models import AuditEntry, Segment
+
+    Provider.objects.create(provider_id="solo", kind="scripted", model="solo-model")
+    plain = django_user_model.objects.create_user("no-perms")
+    ApiToken.objects.create(user=plain, name="plain", key_digest=token_digest("plain-token-1"))
+    api = JsonApi(client, "plain-token-1")
+    thread = api.post("/api/v1/threads", {"provider_chain": ["solo"]}).json()
+    before = (Segment.objects.count(), AuditEntry.objects.count())
+    response = api.post(
+        f"/api/v1/threads/{thread['id']}/boundaries",
+        {"kind": "fresh_start", "reason": "try", "idempotency_key": "k-1"},
+    )
+    assert response.status_code == 403
+    assert "apply_boundary" in response.json()["error"]["message"]
+    assert (Segment.objects.count(), AuditEntry.objects.count()) == before

@@ -80,7 +80,10 @@ class Api:
 
 @pytest.fixture
 def api(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
     user = django_user_model.objects.create_user("engine", password="unused-password-1")
+    user.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
     token = "test-token-" + "x" * 20
     ApiToken.objects.create(user=user, name="tests", key_digest=token_digest(token))
     return Api(client, token)
