@@ -611,20 +611,37 @@ def submit_run(
         if getattr(user, "is_authenticated", False)
         else []
     )
+
+    def admit_new() -> tuple[Run, Stage, bool]:
+        segment = open_segment(thread)
+        run = Run.objects.create(
+            thread=thread,
+            segment=segment,
+            input=input,
+            created_at=now,
+            deadline_at=now + timedelta(seconds=durations["deadline_s"]),
+            last_progress_at=now,
+            no_progress_limit_s=durations["no_progress_s"],
+            stage_budget_s=durations["stage_budget_s"],
+            authorization={
+                "user": getattr(user, "username", "") or "",
+                "scopes": scopes,
+                "recorded_at": now.isoformat(),
+            },
+            idempotency_key=idempotency_key or None,
+            trace_context=trace_context or {},
+            callback_url=thread.callback_url,
+            previous_run=previous_run,
+        )
+        BudgetAccount.objects.create(run=run, limits=merged)
+        stage = enqueue_stage(
+            run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
+        )
+        return run, stage, True
+
     try:
         with transaction.atomic():
-            return _admit_run(
-                thread,
-                input,
-                now,
-                user,
-                idempotency_key,
-                durations,
-                merged,
-                scopes,
-                trace_context,
-                previous_run,
-            )
+            return admit_new()
     except IntegrityError:
         # Another request with the same key got there first: answer with its run.
         if idempotency_key and (
@@ -632,45 +649,6 @@ def submit_run(
         ):
             return existing, None, False
         raise
-
-
-def _admit_run(
-    thread,
-    input,
-    now,
-    user,
-    idempotency_key,
-    durations,
-    merged,
-    scopes,
-    trace_context,
-    previous_run,
-) -> tuple[Run, Stage, bool]:
-    segment = open_segment(thread)
-    run = Run.objects.create(
-        thread=thread,
-        segment=segment,
-        input=input,
-        created_at=now,
-        deadline_at=now + timedelta(seconds=durations["deadline_s"]),
-        last_progress_at=now,
-        no_progress_limit_s=durations["no_progress_s"],
-        stage_budget_s=durations["stage_budget_s"],
-        authorization={
-            "user": getattr(user, "username", "") or "",
-            "scopes": scopes,
-            "recorded_at": now.isoformat(),
-        },
-        idempotency_key=idempotency_key or None,
-        trace_context=trace_context or {},
-        callback_url=thread.callback_url,
-        previous_run=previous_run,
-    )
-    BudgetAccount.objects.create(run=run, limits=merged)
-    stage = enqueue_stage(
-        run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
-    )
-    return run, stage, True
 
 
 def enqueue_stage(run: Run, kind: str, payload: dict[str, Any], now: datetime) -> Stage:
