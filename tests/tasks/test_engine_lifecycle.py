@@ -348,3 +348,34 @@ def test_r6_1_trace_continues_from_the_api_request_and_lands_in_the_span_store(
     names = set(stored.values_list("name", flat=True))
     assert {"governance.run", "governance.stage.queue", "governance.stage.execution"} <= names
     assert all(set(CLOCK_ATTRIBUTES) <= set(s.attributes) for s in stored if "stage" in s.name)
+
+
+def test_r3_6_metrics_count_refusals_fallbacks_notifications_and_clocks(
+    api, worker, manual_clock, scripted_provider
+):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    instrumentation.use_meter_provider(MeterProvider(metric_readers=[reader]))
+    try:
+        scripted_provider("no", {"default": {"refuse": {"category": "policy"}}})
+        scripted_provider("yes", ANSWER)
+        thread = make_thread(api, ["no", "yes"])
+        run = api.run_and_wait(thread["id"], "Hello")
+        assert run["settlement"]["outcome"] == "completed"
+        totals = {}
+        for resource in reader.get_metrics_data().resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    points = metric.data.data_points
+                    totals[metric.name] = sum(
+                        getattr(p, "value", None) or getattr(p, "count", 0) for p in points
+                    )
+    finally:
+        instrumentation.use_meter_provider(None)
+    assert totals["governance.refusals"] == 1
+    assert totals["governance.fallbacks"] == 1
+    assert totals["governance.notifications"] == 1
+    assert totals["governance.clock.queue"] >= 1  # one histogram point per stage
+    assert totals["governance.clock.execution"] >= 1
