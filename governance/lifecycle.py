@@ -935,8 +935,8 @@ def next_path(run: RunFacts) -> Decision:
             ReasonCode.NO_ELIGIBLE_PROVIDER,
             (
                 "No provider is eligible in this segment: each was "
-                f"{SEGMENT_SKIP_WORDS}, and all are now frozen. The run settles honestly; "
-                f"a boundary ({BOUNDARY_ACTIONS_TEXT}) is needed before the thread continues."
+                f"{SEGMENT_SKIP_WORDS}. The run settles honestly; a boundary "
+                f"({BOUNDARY_ACTIONS_TEXT}) makes every provider eligible again."
             ),
             (),
             critical_alert=True,

@@ -96,7 +96,7 @@ class Thread(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField()  # from governance.clock, like every other fact
 
     class Meta:
         ordering = ["-created_at"]
@@ -403,6 +403,11 @@ class Settlement(models.Model):
     reason = models.TextField()
     unknown_effects = models.JSONField(default=list)
     settled_at = models.DateTimeField()
+
+    class Meta:
+        permissions = [
+            ("view_delivery_report", "Can see the delivery-versus-settlement report"),
+        ]
 
 
 class KnowledgeDocument(models.Model):

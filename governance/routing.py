@@ -206,12 +206,16 @@ class TurnOutcome:
 
 # A failure of these classes ends the turn instead of falling back: a bad
 # request is the request's fault (R2.1), an interrupted stream has an unknown
-# effect that the lifecycle must judge, not a blind resend (R6.2), and an
-# exhausted request budget refuses every new send, on any provider (R5.2).
+# effect that the lifecycle must judge, not a blind resend (R6.2), an
+# exhausted request budget refuses every new send, on any provider (R5.2),
+# and the run's own deadline or no-progress clock is not one provider's
+# problem that the next provider could fix (R6.1).
 _TURN_ENDING_FAILURES = {
     "bad_request": "failed",
     "interrupted": "interrupted",
     "budget_exhausted": "failed",
+    "deadline_exceeded": "failed",
+    "no_progress": "failed",
 }
 
 

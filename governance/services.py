@@ -108,6 +108,7 @@ def create_thread(
             system_prompt=system_prompt,
             callback_url=callback_url,
             created_by=user if getattr(user, "is_authenticated", False) else None,
+            created_at=now,
         )
         session = ThreadSession.objects.create(
             id=_session_id(thread, 1), thread=thread, generation=1, created_at=now
@@ -1009,3 +1010,33 @@ def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+# --------------------------------------------------------------------------- alerts
+
+
+def acknowledge_notification(
+    notification_id: int, *, user, now: datetime
+) -> tuple[Notification, bool]:
+    """R8.2: a named person acknowledges an alert, once (a claim by conditional update).
+
+    Returns (notification, changed). A second acknowledgement changes nothing
+    and keeps the first person and time ("another on-call got there first").
+    """
+    changed = Notification.objects.filter(id=notification_id, acked_at__isnull=True).update(
+        acked_by=user, acked_at=now
+    )
+    notification = Notification.objects.select_related("acked_by", "segment").get(
+        id=notification_id
+    )
+    if changed:
+        audit(
+            actor=user.get_username(),
+            action="alert.acknowledge",
+            target_type="notification",
+            target_id=str(notification.id),
+            reason="",
+            detail={"dedupe_key": notification.dedupe_key, "severity": notification.severity},
+            now=now,
+        )
+    return notification, bool(changed)

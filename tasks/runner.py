@@ -48,6 +48,8 @@ from tasks.tools import EXTERNAL_TOOLS, TOOL_SPECS, run_tool, verify_webhook
 log = logging.getLogger(__name__)
 
 MAX_VERIFICATIONS = 3
+# Cut by the run's own clocks: never a provider-health fact, never a fallback.
+RUN_CLOCK_CUTS = frozenset({"deadline_exceeded", "no_progress"})
 VERIFY_DELAY_S = float(
     os.environ.get("GOVERNANCE_VERIFY_DELAY_SECONDS", "0")
 )  # then the run settles with the effect listed as unknown
@@ -326,9 +328,22 @@ class StageExecution:
         return last.payload.get("increment", []) if last else []
 
     def _no_provider_alert(self, decision: lc.Decision, now: datetime) -> None:
+        """A critical alert when every provider is frozen in the segment (R6.3).
+
+        Cooling providers come back by themselves: the run settles honestly
+        but nobody is paged for a wait the rule will end on its own (R3.6).
+        """
         from governance.refusal import Notice
 
         segment = services.open_segment(self.run.thread)
+        refusals = services.segment_refusals(segment)
+        frozen = {
+            provider_id
+            for provider_id, refusal in refusals.items()
+            if refusal_verdict(refusal, now, services.reprobe_delays()).state == "frozen"
+        }
+        if not set(segment.thread.provider_chain) <= frozen:
+            return
         notice = Notice(
             dedupe_key=f"no-eligible-provider:{segment.key}",
             severity="critical",
@@ -456,6 +471,9 @@ class StageExecution:
                     },
                 )
             calls.append(TurnCall(provider, response, classification, kind, parts))
+            if response.timeout_name in RUN_CLOCK_CUTS:
+                # The run's own clock cut the attempt: end the turn (R6.1).
+                return AttemptOutcome("failed", failure_class=response.timeout_name)
             if classification.failure_class is None:
                 return AttemptOutcome("accepted")
             if classification.failure_class == "refusal":
@@ -510,6 +528,8 @@ class StageExecution:
             )
             for call in calls:
                 failure = call.classification.failure_class
+                if call.response.timeout_name in RUN_CLOCK_CUTS:
+                    continue  # our clock, not the provider's health (R2.3 in spirit)
                 if failure is None or failure in {
                     "server_error",
                     "rate_limited",

@@ -16,6 +16,7 @@ from governance import services
 from governance.models import (
     Notification,
     ProviderAttempt,
+    ProviderHealthState,
     Run,
     SegmentRefusal,
     Stage,
@@ -264,9 +265,13 @@ def test_r6_1_stage_budget_never_outlives_the_run_deadline(
     scripted_provider(
         "p", {"default": {"answer": {"text": "x" * 400, "chunks": 10, "chunk_interval_s": 30}}}
     )
-    thread = make_thread(api, ["p"])
+    scripted_provider("spare", ANSWER)
+    thread = make_thread(api, ["p", "spare"])
     run = api.run_and_wait(thread["id"], "Hello", deadline_s=60, stage_budget_s=600)
     assert run["stages"][0]["timeout"] == "deadline_exceeded"
+    # The run's own clock is nobody's breaker fault, and no other provider can fix it.
+    assert [a["provider_id"] for a in run["attempts"]] == ["p"]
+    assert not ProviderHealthState.objects.filter(consecutive_failures__gt=0).exists()
     row = Run.objects.get(id=run["id"])
     assert Stage.objects.get(run=row, seq=1).finished_at <= row.deadline_at
     assert run["settlement"]["reason_code"] == "deadline_exceeded"
@@ -379,3 +384,19 @@ def test_r3_6_metrics_count_refusals_fallbacks_notifications_and_clocks(
     assert totals["governance.notifications"] == 1
     assert totals["governance.clock.queue"] >= 1  # one histogram point per stage
     assert totals["governance.clock.execution"] >= 1
+
+
+def test_r3_6_all_providers_only_cooling_settles_without_paging_anyone(
+    api, worker, manual_clock, scripted_provider
+):
+    scripted_provider("a", ANSWER)
+    scripted_provider("b", ANSWER)
+    thread = make_thread(api, ["a", "b"])
+    segment = services.open_segment(Thread.objects.get(id=thread["id"]))
+    for provider_id in ("a", "b"):
+        SegmentRefusal.objects.create(
+            segment=segment, provider_id=provider_id, refusals=1, refused_at=manual_clock()
+        )
+    run = api.run_and_wait(thread["id"], "Hello")
+    assert run["settlement"]["reason_code"] == "no_eligible_provider"
+    assert not Notification.objects.filter(dedupe_key__startswith="no-eligible-provider:").exists()
