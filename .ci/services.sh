@@ -45,3 +45,8 @@ if ! redis_up; then
 fi
 redis_up || { echo "services: Redis is not answering on 127.0.0.1:$REDIS_PORT_NUM" >&2; exit 1; }
 echo "services: PostgreSQL and Redis are up"
+
+# The browser tests drive Debian's Chromium (Playwright cannot download its own here).
+if [ ! -x /usr/bin/chromium ]; then
+  apt_install chromium
+fi

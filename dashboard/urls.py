@@ -2,7 +2,16 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import api, views
+from dashboard import (
+    alert_views,
+    api,
+    audit_views,
+    provider_views,
+    report_views,
+    run_views,
+    segment_views,
+    views,
+)
 
 api_patterns = [
     path("api/v1/threads", api.create_thread, name="api-threads"),
@@ -17,6 +26,21 @@ api_patterns = [
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("healthz", views.healthz, name="healthz"),
+    path("alerts/", alert_views.alerts, name="alerts"),
+    path("alerts/<int:notification_id>/ack", alert_views.acknowledge, name="alert-ack"),
+    path("segments/", segment_views.segments, name="segments"),
+    path("segments/<int:segment_id>/", segment_views.segment_detail, name="segment"),
+    path(
+        "segments/<int:segment_id>/boundary",
+        segment_views.apply_boundary,
+        name="segment-boundary",
+    ),
+    path("runs/", run_views.runs, name="runs"),
+    path("runs/<uuid:run_id>/", run_views.run_detail, name="run"),
+    path("reports/delivery/", report_views.delivery_report, name="report"),
+    path("reports/delivery.csv", report_views.delivery_report_csv, name="report-csv"),
+    path("providers/", provider_views.providers, name="providers"),
+    path("audit/", audit_views.audit_log, name="audit"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

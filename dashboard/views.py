@@ -8,19 +8,44 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from dashboard.queries import overview as overview_queries
 from dashboard.status import refusal_rule_summary, system_status
+from governance import clock
 
 
 @require_GET
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
-    components = system_status(datetime.now(UTC))
-    template = "overview.html#system-status" if request.htmx else "overview.html"
-    return render(
-        request,
-        template,
-        {"components": components, "rule": refusal_rule_summary()},
-    )
+    """State first: critical alerts, refusal trouble, runs, providers, clocks.
+
+    htmx polls the board fragment (and refreshes it right after an
+    acknowledgement), so the page updates without a reload.
+    """
+    now = clock.now()
+    alerts, alert_total = overview_queries.critical_unacknowledged()
+    troubled, troubled_total = overview_queries.troubled_segments(now)
+    clocks = overview_queries.clock_percentiles(now)
+    context = {
+        "components": system_status(datetime.now(UTC)),
+        "rule": refusal_rule_summary(),
+        "alerts": alerts,
+        "alert_total": alert_total,
+        "troubled": troubled,
+        "troubled_total": troubled_total,
+        "runs": overview_queries.runs_by_state(now),
+        "providers": overview_queries.provider_board(now),
+        "clocks": clocks,
+        "clock_scale": _clock_scale(clocks),
+        "can_ack": request.user.has_perm("governance.acknowledge_notification"),
+    }
+    template = "overview.html#board" if request.htmx else "overview.html"
+    return render(request, template, context)
+
+
+def _clock_scale(clocks: list[dict]) -> int:
+    """The largest p95 on the chart, so bars share one scale (at least 1 ms)."""
+    values = [c["p95"] for row in clocks for c in row["clocks"] if c["p95"] is not None]
+    return max([1, *values])
 
 
 @require_GET

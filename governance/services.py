@@ -173,8 +173,13 @@ def apply_boundary(
     mode: str | None = None,
     tool_surface: Sequence[str] | None = None,
     system_prompt: str | None = None,
+    expected_segment: Segment | None = None,
 ) -> tuple[Segment, bool]:
     """Close the open segment and open the next (R1.2–R1.4, R8.3).
+
+    ``expected_segment``: the segment the operator confirmed on; if another
+    boundary closed it meanwhile, ``BoundaryConflict`` instead of acting on a
+    segment nobody looked at.
 
     Idempotent by key: the same key returns the segment it opened the first
     time (a double click makes one boundary). Returns (segment, created).
@@ -210,6 +215,10 @@ def apply_boundary(
             .select_related("session")
             .get(thread=thread, closed_at__isnull=True)
         )
+        if expected_segment is not None and current.pk != expected_segment.pk:
+            raise BoundaryConflict(
+                "segment", f"{expected_segment.key} was closed meanwhile; {current.key} is open"
+            )
         old_config = segment_config_of(current)
         new_config = segment_rules.SegmentConfig(
             model=model if model is not None else old_config.model,
@@ -281,6 +290,15 @@ def apply_boundary(
 def _boundary_done(audit_key: str) -> Segment | None:
     done = AuditEntry.objects.filter(idempotency_key=audit_key).first()
     return Segment.objects.get(key=done.detail["opened"]) if done is not None else None
+
+
+def boundary_for_key(idempotency_key: str) -> Segment | None:
+    """The segment a boundary with this key opened, if it was applied already."""
+    return _boundary_done(f"boundary:{idempotency_key}") if idempotency_key else None
+
+
+class BoundaryConflict(ServiceError):
+    """The segment the operator looked at was closed meanwhile (answer 409)."""
 
 
 # --------------------------------------------------------------------------- history

@@ -196,6 +196,7 @@ class TurnCall:
     classification: Classification
     kind: str
     parts: list[dict[str, Any]] = field(default_factory=list)
+    started_at: datetime | None = None  # when the request was sent
 
 
 # --------------------------------------------------------------------------- stages
@@ -470,7 +471,7 @@ class StageExecution:
                         "governance.run_id": str(run.id),
                     },
                 )
-            calls.append(TurnCall(provider, response, classification, kind, parts))
+            calls.append(TurnCall(provider, response, classification, kind, parts, now))
             if response.timeout_name in RUN_CLOCK_CUTS:
                 # The run's own clock cut the attempt: end the turn (R6.1).
                 return AttemptOutcome("failed", failure_class=response.timeout_name)
@@ -500,7 +501,7 @@ class StageExecution:
                 "model": call.provider.model,
                 "kind": call.kind,
                 "request_digest": services.request_digest(call.parts, call.provider.provider_id),
-                "started_at": call.response.events[0].at if call.response.events else now,
+                "started_at": call.started_at or now,
                 "latency_ms": call.response.latency_ms,
                 "result": (
                     "accepted"

@@ -16,6 +16,11 @@ def operator(django_user_model):
     return django_user_model.objects.create_user("oncall", password="correct horse battery")
 
 
+@pytest.fixture
+def operator_role(make_user):
+    return make_user("olga-operator", "operator")
+
+
 def test_overview_requires_login(client):
     response = client.get(reverse("overview"))
     assert response.status_code == 302
@@ -35,12 +40,14 @@ def test_overview_shows_each_part_in_words(client, operator):
     assert RULE_TEXT in body  # R3.7: the dashboard copy says the rule in its one voice
 
 
-def test_overview_htmx_poll_returns_only_the_status_fragment(client, operator):
+def test_overview_htmx_poll_returns_only_the_board_fragment(client, operator):
     client.force_login(operator)
     response = client.get(reverse("overview"), headers={"HX-Request": "true"})
     body = response.content.decode()
     assert response.status_code == 200
-    assert body.lstrip().startswith('<section id="system-status"')
+    assert body.lstrip().startswith('<div id="board"')
+    assert 'hx-trigger="every 10s, refresh from:body"' in body
+    assert '<section id="system-status"' in body
     assert "<html" not in body
 
 

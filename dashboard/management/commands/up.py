@@ -1,4 +1,5 @@
-"""Run the whole system: migrate, ensure the demo admin, then web + worker + scheduler.
+"""Run the whole system: migrate, ensure the demo admin and users (and seed the demo
+scenario on an empty database), then web + worker + scheduler.
 
 One foreground command for a fresh machine. Ctrl-C stops all three; if one
 of them dies, the others are stopped too and the exit code says so.
@@ -18,6 +19,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from dashboard.management.commands.demo import ensure_demo_users
+from governance.models import Thread
 
 DEMO_USERNAME = "admin"
 
@@ -80,11 +84,17 @@ class Command(BaseCommand):
                 )
             username, password = ensure_demo_admin(var_dir)
             call_command("seed_demo_providers", verbosity=0)
+            if not Thread.objects.exists():
+                self.stdout.write("Seeding the demo scenario (manage.py demo)...")
+                call_command("demo", verbosity=0)
+            demo_users = ensure_demo_users(var_dir)
             self.stdout.write(
                 self.style.SUCCESS(
                     f"Dashboard: http://{host}:{port}/  user: {username}  password: {password}"
                 )
             )
+            for demo_user, demo_password, group in demo_users:
+                self.stdout.write(f"  {group:<9} user: {demo_user}  password: {demo_password}")
         python = sys.executable
         commands = {
             "web": [

@@ -1,0 +1,39 @@
+"""Providers page (R2.1–R2.3, R8.1): breaker state in words, recent failures by
+class, and the open segments where a provider is frozen or cooling. Read-only
+for every logged-in role; providers are configured in the Django admin."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from dashboard.queries import providers as queries
+from governance import clock
+from governance.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+
+PER_PAGE = 25
+
+
+@require_GET
+@login_required
+def providers(request: HttpRequest) -> HttpResponse:
+    now = clock.now()
+    rows = queries.provider_rows(now)
+    page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
+    queries.add_details(list(page_obj.object_list), now)
+    unavailable = [row for row in rows if not row.available]
+    return render(
+        request,
+        "providers/list.html",
+        {
+            "page_obj": page_obj,
+            "total": len(rows),
+            "unavailable": unavailable,
+            "recent_hours": int(queries.RECENT.total_seconds() // 3600),
+            "rule_text": RULE_TEXT,
+            "boundary_actions": BOUNDARY_ACTIONS_TEXT,
+        },
+    )

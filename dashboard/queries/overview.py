@@ -1,0 +1,169 @@
+"""What the overview shows first: alerts, refusal trouble, runs, providers, clocks."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count
+
+from governance import services
+from governance.health import health_verdict
+from governance.models import (
+    Notification,
+    Provider,
+    ProviderHealthState,
+    Run,
+    Segment,
+    SegmentRefusal,
+    Stage,
+)
+from governance.refusal import ProviderRefusal, refusal_verdict
+
+CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
+MAX_CLOCK_SAMPLES = 5000
+
+
+def critical_unacknowledged(limit: int = 10) -> tuple[list[Notification], int]:
+    rows = Notification.objects.filter(severity="critical", acked_at__isnull=True)
+    total = rows.count()
+    return list(rows.select_related("segment").order_by("-created_at")[:limit]), total
+
+
+@dataclass(frozen=True)
+class TroubledSegment:
+    segment: Segment
+    providers: list[dict]  # provider_id, state, refusals, next_probe_at, refused_at
+    worst: str
+
+
+def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegment], int]:
+    """Open segments with a frozen or cooling provider, frozen first."""
+    delays = services.reprobe_delays()
+    rows = (
+        SegmentRefusal.objects.filter(segment__closed_at__isnull=True)
+        .select_related("segment", "segment__thread")
+        .order_by("segment_id", "provider_id")
+    )
+    by_segment: dict[int, TroubledSegment] = {}
+    grouped: dict[int, list[dict]] = defaultdict(list)
+    segments: dict[int, Segment] = {}
+    for row in rows:
+        refusal = ProviderRefusal(
+            row.provider_id, row.model or None, row.category or None, row.refusals, row.refused_at
+        )
+        verdict = refusal_verdict(refusal, now, delays)
+        if verdict.state == "eligible":
+            continue
+        segments[row.segment_id] = row.segment
+        grouped[row.segment_id].append(
+            {
+                "provider_id": row.provider_id,
+                "state": verdict.state,
+                "refusals": row.refusals,
+                "max_sends": 1 + len(delays),
+                "next_probe_at": verdict.next_probe_at,
+                "refused_at": row.refused_at,
+            }
+        )
+    for segment_id, providers in grouped.items():
+        worst = "frozen" if any(p["state"] == "frozen" for p in providers) else "cooling"
+        by_segment[segment_id] = TroubledSegment(segments[segment_id], providers, worst)
+    ordered = sorted(
+        by_segment.values(),
+        key=lambda t: (t.worst != "frozen", -t.segment.opened_at.timestamp()),
+    )
+    return ordered[:limit], len(ordered)
+
+
+def runs_by_state(now: datetime) -> dict[str, list[tuple[str, int]]]:
+    """Runs not yet settled by status, and settled in the last 24 h by outcome."""
+    active = dict(
+        Run.objects.exclude(status=Run.Status.SETTLED)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+    settled = dict(
+        Run.objects.filter(
+            status=Run.Status.SETTLED, settlement__settled_at__gte=now - timedelta(hours=24)
+        )
+        .values_list("settlement__outcome")
+        .annotate(n=Count("id"))
+        .values_list("settlement__outcome", "n")
+    )
+    return {
+        "active": [(s, active.get(s, 0)) for s in ("queued", "running", "finalizing", "verifying")],
+        "settled": [
+            (o, settled.get(o, 0)) for o in ("completed", "partial", "failed", "cancelled")
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class ProviderBoard:
+    provider: Provider
+    state: str
+    reason: str
+    last_error: str
+    last_failure_at: datetime | None
+
+
+def provider_board(now: datetime) -> list[ProviderBoard]:
+    states = {row.provider_id: row for row in ProviderHealthState.objects.all()}
+    board = []
+    for provider in Provider.objects.order_by("provider_id"):
+        row = states.get(provider.pk)
+        if not provider.enabled:
+            board.append(
+                ProviderBoard(provider, "disabled", "disabled by an administrator", "", None)
+            )
+            continue
+        if row is None:
+            board.append(ProviderBoard(provider, "closed", "no failures recorded", "", None))
+            continue
+        verdict = health_verdict(services._health_value(row), now, provider.config_fingerprint())
+        board.append(
+            ProviderBoard(
+                provider, verdict.state, verdict.reason, row.last_error, row.last_failure_at
+            )
+        )
+    return board
+
+
+def _percentile(values: list[int], share: float) -> int:
+    ordered = sorted(values)
+    index = max(0, min(len(ordered) - 1, round(share * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def clock_percentiles(now: datetime) -> list[dict]:
+    """p50/p95 of the four clocks per stage kind, stages finished in the last hour."""
+    samples: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    counts: Counter = Counter()
+    rows = (
+        Stage.objects.filter(finished_at__gte=now - timedelta(hours=1))
+        .exclude(clocks={})
+        .order_by("-finished_at")
+        .values_list("kind", "clocks")[:MAX_CLOCK_SAMPLES]
+    )
+    for kind, clocks in rows:
+        counts[kind] += 1
+        for name in CLOCK_NAMES:
+            if isinstance(clocks.get(name), int) and clocks[name] >= 0:
+                samples[kind][name].append(clocks[name])
+    table = []
+    for kind in sorted(samples):
+        entry = {"kind": kind, "stages": counts[kind], "clocks": []}
+        for name in CLOCK_NAMES:
+            values = samples[kind][name]
+            entry["clocks"].append(
+                {
+                    "name": name.removesuffix("_ms").replace("_", " "),
+                    "p50": _percentile(values, 0.5) if values else None,
+                    "p95": _percentile(values, 0.95) if values else None,
+                }
+            )
+        table.append(entry)
+    return table

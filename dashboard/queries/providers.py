@@ -1,0 +1,212 @@
+"""Reads for the Providers page (R2.1–R2.3, R3.6, R8.1). Read-only.
+
+The breaker verdict is computed like ``governance.services.health_verdicts``
+(the rule ``governance.health.health_verdict`` with the provider's
+``config_fingerprint()``), but from rows fetched in one query and without
+creating missing health rows: a page view never writes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.db.models import Count
+
+from governance import services
+from governance.health import (
+    FAILURE_CLASSES,
+    TIME_BASED_CLASSES,
+    HealthVerdict,
+    ProviderHealth,
+    health_verdict,
+)
+from governance.models import Provider, ProviderAttempt, ProviderHealthState, SegmentRefusal
+from governance.refusal import ProviderRefusal, refusal_verdict
+
+RECENT = timedelta(hours=24)
+MAX_SEGMENTS_SHOWN = 10
+
+# What each failure class means for the provider (R2.1, R2.3, R6.2), said once here.
+CLASS_MEANING = {
+    "server_error": "moves the breaker",
+    "rate_limited": "moves the breaker; Retry-After honoured",
+    "timeout": "moves the breaker (short cooldown)",
+    "network": "moves the breaker (short cooldown)",
+    "auth": "disables the provider until its configuration changes",
+    "bad_request": "the request, not provider health",
+    "refusal": "the segment's content, not provider health",
+    "interrupted": "effect unknown, not provider health",
+}
+
+
+@dataclass
+class FailureCount:
+    failure_class: str
+    count: int
+    meaning: str
+    moves_breaker: bool
+
+
+@dataclass
+class FrozenSegment:
+    segment_id: int
+    segment_key: str
+    thread_title: str
+    state: str  # frozen / cooling
+    refusals: int | None
+    max_sends: int
+    refused_at: datetime | None
+    next_probe_at: datetime | None
+
+
+@dataclass
+class ProviderRow:
+    provider: Provider
+    health: ProviderHealthState | None
+    verdict: HealthVerdict
+    # closed / open / half_open / disabled / unknown, and why when disabled.
+    state: str
+    disabled_by: str = ""  # "auth" or "admin"
+    probe_in_flight: bool = False
+    attempts_24h: int = 0
+    accepted_24h: int = 0
+    failures_24h: list[FailureCount] = field(default_factory=list)
+    segments: list[FrozenSegment] = field(default_factory=list)
+    more_segments: int = 0
+
+    @property
+    def provider_id(self) -> str:
+        return self.provider.provider_id
+
+    @property
+    def available(self) -> bool:
+        return self.verdict.available
+
+
+def _health_value(provider: Provider, row: ProviderHealthState | None) -> ProviderHealth:
+    if row is None:
+        return ProviderHealth(provider_id=provider.provider_id)
+    return ProviderHealth(
+        provider_id=provider.provider_id,
+        breaker=row.breaker,
+        consecutive_failures=row.consecutive_failures,
+        trips=row.trips,
+        open_until=row.open_until,
+        last_failure_class=row.last_failure_class or None,
+        last_failure_at=row.last_failure_at,
+        disabled_config=row.disabled_config or None,
+        probe_lease_until=row.probe_lease_until,
+        last_success_at=row.last_success_at,
+    )
+
+
+def _row_for(provider: Provider, now: datetime) -> ProviderRow:
+    try:
+        health = provider.health
+    except ObjectDoesNotExist:
+        health = None  # never failed, never succeeded: a closed breaker
+    if not provider.enabled:
+        verdict = HealthVerdict(False, "disabled", None, "disabled by an administrator")
+        return ProviderRow(provider, health, verdict, "disabled", disabled_by="admin")
+    try:
+        verdict = health_verdict(
+            _health_value(provider, health), now, provider.config_fingerprint()
+        )
+    except (AssertionError, TypeError, ValueError) as exc:
+        # A row the rules cannot read is shown as such, not hidden.
+        verdict = HealthVerdict(False, "unknown", None, f"health row unreadable: {exc}")
+        return ProviderRow(provider, health, verdict, "unknown")
+    return ProviderRow(
+        provider,
+        health,
+        verdict,
+        verdict.state,
+        disabled_by="auth" if verdict.state == "disabled" else "",
+        probe_in_flight=verdict.state == "half_open" and not verdict.available,
+    )
+
+
+def provider_rows(now: datetime) -> list[ProviderRow]:
+    """Every provider with its breaker verdict (one query; providers are few)."""
+    providers = Provider.objects.select_related("health").order_by("provider_id")
+    return [_row_for(provider, now) for provider in providers]
+
+
+def add_details(rows: list[ProviderRow], now: datetime) -> None:
+    """Failures by class over 24 h and refusal freezes in open segments, for
+    the providers on one page: two aggregated queries, whatever the count."""
+    if not rows:
+        return
+    by_pk = {row.provider.pk: row for row in rows}
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    attempts = (
+        ProviderAttempt.objects.filter(provider_id__in=by_pk, started_at__gte=now - RECENT)
+        .values("provider_id", "result", "failure_class")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for item in attempts:
+        row = by_pk[item["provider_id"]]
+        row.attempts_24h += item["n"]
+        if item["result"] == "accepted":
+            row.accepted_24h += item["n"]
+        if item["failure_class"]:
+            per_class = counts[item["provider_id"]]
+            per_class[item["failure_class"]] = per_class.get(item["failure_class"], 0) + item["n"]
+    order = {name: index for index, name in enumerate(FAILURE_CLASSES)}
+    for pk, per_class in counts.items():
+        by_pk[pk].failures_24h = [
+            FailureCount(
+                name,
+                count,
+                CLASS_MEANING.get(name, ""),
+                name in TIME_BASED_CLASSES,
+            )
+            for name, count in sorted(per_class.items(), key=lambda kv: order.get(kv[0], 99))
+        ]
+
+    by_id = {row.provider_id: row for row in rows}
+    delays = services.reprobe_delays()
+    refusals = SegmentRefusal.objects.filter(
+        provider_id__in=by_id, segment__closed_at__isnull=True
+    ).select_related("segment", "segment__thread")
+    found: dict[str, list[FrozenSegment]] = defaultdict(list)
+    for refusal in refusals:
+        verdict = refusal_verdict(
+            ProviderRefusal(
+                refusal.provider_id,
+                refusal.model or None,
+                refusal.category or None,
+                refusal.refusals,
+                refusal.refused_at,
+            ),
+            now,
+            delays,
+        )
+        if verdict.state == "eligible":
+            continue  # a re-probe is due: not skipped right now
+        found[refusal.provider_id].append(
+            FrozenSegment(
+                segment_id=refusal.segment_id,
+                segment_key=refusal.segment.key,
+                thread_title=str(refusal.segment.thread),
+                state=verdict.state,
+                refusals=refusal.refusals,
+                max_sends=1 + len(delays),
+                refused_at=refusal.refused_at,
+                next_probe_at=verdict.next_probe_at,
+            )
+        )
+    for provider_id, segments in found.items():
+        segments.sort(
+            key=lambda s: (
+                s.state != "frozen",
+                -(s.refused_at.timestamp() if s.refused_at else float("inf")),
+            )
+        )
+        row = by_id[provider_id]
+        row.segments = segments[:MAX_SEGMENTS_SHOWN]
+        row.more_segments = max(0, len(segments) - MAX_SEGMENTS_SHOWN)

@@ -1,0 +1,663 @@
+"""Read-only queries of the Runs pages (R6.1–R6.5, R5, R7.2, R4).
+
+The list annotates its counts (one query per page, whatever the page holds);
+the run page reads each kind of fact once — stages, attempts, receipts,
+chunks, ledger entries and spans — so its query count does not grow with the
+number of stages or attempts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from governance import services
+from governance.models import (
+    BodyChunk,
+    BudgetEntry,
+    ProviderAttempt,
+    Run,
+    SpanRecord,
+    Stage,
+    ToolReceipt,
+)
+from tasks.instrumentation import (
+    CLOCK_ATTRIBUTES,
+    CLOCK_UNKNOWN,
+    EXECUTION_SPAN_NAME,
+    QUEUE_SPAN_NAME,
+    RUN_SPAN_NAME,
+)
+
+SETTLEMENT_OUTCOMES = ("completed", "partial", "failed", "cancelled")
+NO_SETTLEMENT = "none"
+
+# R6.1: the four clocks, in the order the page shows them, with the timeout
+# each one names when it runs out (R6.2).
+CLOCKS = (
+    ("queue_ms", "Queue", "queue_wait"),
+    ("execution_ms", "Execution", "stage_timeout"),
+    ("no_progress_ms", "No progress", "no_progress"),
+    ("deadline_remaining_ms", "Deadline remaining", "deadline_exceeded"),
+)
+
+ATTEMPT_KIND_WORDS = {
+    "original": "original",
+    "re_render": "re-render",
+    "history_only": "history-only",
+    "re_probe": "re-probe",
+    "fallback": "fallback",
+}
+PATH_WORDS = {
+    "continue": "continue",
+    "bounded_recovery": "bounded recovery",
+    "finalization_only": "finalization only",
+    "settle": "settle",
+    "verify_effect": "verify effect",
+}
+# Colour class of each lifecycle path; the words are always printed too.
+PATH_STATE = {
+    "continue": "eligible",
+    "bounded_recovery": "cooling",
+    "finalization_only": "partial",
+    "settle": "settled",
+    "verify_effect": "unknown",
+}
+SPANS_PER_RUN = 400  # a run's waterfall stays readable and the query bounded
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def duration_words(delta: timedelta | None) -> str:
+    """'850 ms', '12.4 s', '3 min 04 s', '2 h 05 min' — how people read a stopwatch."""
+    if delta is None:
+        return "—"
+    ms = int(delta / timedelta(milliseconds=1))
+    return ms_words(ms)
+
+
+def ms_words(ms: int | float | None) -> str:
+    if ms is None:
+        return "—"
+    ms = int(ms)
+    sign = "−" if ms < 0 else ""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{sign}{ms} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{sign}{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{sign}{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{sign}{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days} d {hours} h"
+
+
+def _parse_at(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
+
+
+def last_path(decisions: Any) -> str:
+    if isinstance(decisions, list) and decisions and isinstance(decisions[-1], dict):
+        return str(decisions[-1].get("path") or "")
+    return ""
+
+
+# --------------------------------------------------------------------------- list
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    status: str = ""
+    settlement: str = ""
+    provider: str = ""
+    thread: uuid.UUID | None = None
+    date_from: date | None = None
+    date_to: date | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(
+            (self.status, self.settlement, self.provider, self.thread, self.date_from, self.date_to)
+        )
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min), timezone.get_current_timezone())
+
+
+def _attempt_count() -> Coalesce:
+    # A correlated count, not a JOIN + GROUP BY: the paginator's COUNT(*) drops
+    # it, and the provider filter below cannot multiply it.
+    per_run = (
+        ProviderAttempt.objects.filter(run=OuterRef("pk"))
+        .order_by()
+        .values("run")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(per_run, output_field=IntegerField()), Value(0))
+
+
+def run_list(filters: RunFilters) -> QuerySet[Run]:
+    """Runs newest first, each with its thread, segment, settlement and attempt count:
+    one query per page (plus the paginator's count), whatever the page holds."""
+    runs = (
+        Run.objects.select_related("thread", "segment", "settlement")
+        .defer(
+            "authorization",
+            "trace_context",
+            "thread__system_prompt",
+            "segment__system_prompt",
+            "segment__close_reason",
+        )
+        .annotate(attempts_count=_attempt_count())
+        .order_by("-created_at", "-id")
+    )
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.settlement == NO_SETTLEMENT:
+        runs = runs.filter(settlement__isnull=True)
+    elif filters.settlement:
+        runs = runs.filter(settlement__outcome=filters.settlement)
+    if filters.provider:
+        runs = runs.filter(
+            Exists(
+                ProviderAttempt.objects.filter(
+                    run=OuterRef("pk"), provider__provider_id=filters.provider
+                )
+            )
+        )
+    if filters.thread:
+        runs = runs.filter(thread_id=filters.thread)
+    if filters.date_from:
+        runs = runs.filter(created_at__gte=_day_start(filters.date_from))
+    if filters.date_to:
+        runs = runs.filter(created_at__lt=_day_start(filters.date_to + timedelta(days=1)))
+    return runs
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: Run
+    path: str
+    path_words: str
+    path_state: str
+    duration: str
+    running: bool  # the duration is still growing
+
+    @property
+    def settlement(self):
+        return getattr(self.run, "settlement", None)
+
+
+def run_rows(runs: list[Run], now: datetime) -> list[RunRow]:
+    rows = []
+    for run in runs:
+        settlement = _settlement_of(run)
+        end = settlement.settled_at if settlement else now
+        path = last_path(run.decisions)
+        rows.append(
+            RunRow(
+                run=run,
+                path=path,
+                path_words=PATH_WORDS.get(path, path.replace("_", " ")),
+                path_state=PATH_STATE.get(path, "info"),
+                duration=duration_words(max(end - run.created_at, timedelta(0))),
+                running=settlement is None,
+            )
+        )
+    return rows
+
+
+def _settlement_of(run: Run):
+    try:
+        return run.settlement
+    except Run.settlement.RelatedObjectDoesNotExist:
+        return None
+
+
+# --------------------------------------------------------------------------- detail
+
+
+@dataclass
+class Bar:
+    """One row of the waterfall: a span (or a stage's time) as a bar."""
+
+    label: str
+    detail: str
+    kind: str  # run / queue / execution / attempt / other
+    left: float  # percent of the run's width
+    width: float
+    duration: str
+    depth: int = 0
+    status: str = ""  # "error" colours the bar; the words are in ``detail``
+    start: datetime | None = None
+
+
+@dataclass
+class Waterfall:
+    source: str  # "spans" or "stages"
+    bars: list[Bar]
+    origin: datetime
+    end: datetime
+    total: str
+    ticks: list[tuple[float, str]] = field(default_factory=list)
+
+
+@dataclass
+class ClockCell:
+    label: str
+    value: str
+    timed_out: bool
+    unknown: bool
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A time on the run page: its offset from the run's start ('+1.5 s'), with
+    the absolute time kept for the hover title."""
+
+    at: datetime
+    offset: str
+
+
+def moment(at: datetime | None, origin: datetime) -> Moment | None:
+    if at is None:
+        return None
+    delta = at - origin
+    words = duration_words(abs(delta))
+    return Moment(at=at, offset=f"−{words}" if delta < timedelta(0) else f"+{words}")
+
+
+@dataclass
+class StageRow:
+    stage: Stage
+    clocks: list[ClockCell]
+    timeout_words: str
+    attempts: int
+    queued: Moment | None = None
+    started: Moment | None = None
+    finished: Moment | None = None
+
+
+@dataclass
+class BudgetRow:
+    resource: str
+    words: str
+    limit: int
+    used: int
+    remaining: int
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit > 0 and self.remaining <= 0
+
+    @property
+    def used_percent(self) -> float:
+        return round(min(100.0, 100.0 * self.used / self.limit), 1) if self.limit else 0.0
+
+
+@dataclass
+class RunPage:
+    run: Run
+    settlement: Any
+    decisions: list[dict[str, Any]]
+    stages: list[StageRow]
+    waterfall: Waterfall | None
+    attempts: list[ProviderAttempt]
+    budget: list[BudgetRow]
+    reserve: BudgetRow | None
+    ledger: list[BudgetEntry]
+    receipts: list[ToolReceipt]
+    chunks: list[BodyChunk]
+    body: str
+    observed_chunks: int
+    duration: str
+    deadline_passed: bool = False  # unsettled and past its overall deadline (R6.1)
+
+
+RESOURCE_WORDS = {
+    "model_requests": "Model requests",
+    "tool_calls": "Tool calls",
+    "web_searches": "Web searches",
+    "provider_concurrency": "Provider concurrency",
+    "body_revisions": "Body revisions",
+    "output_reserve": "Output reserve",
+}
+
+
+def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
+    """Everything the run page shows, in a fixed number of queries (404 if unknown)."""
+    run = get_object_or_404(
+        Run.objects.select_related("thread", "segment", "settlement", "budget", "previous_run"),
+        id=run_id,
+    )
+    settlement = _settlement_of(run)
+    stages = list(run.stages.order_by("seq"))
+    attempts = list(
+        ProviderAttempt.objects.filter(run=run)
+        .select_related("provider", "stage")
+        .order_by("started_at", "id")
+    )
+    receipts = list(ToolReceipt.objects.filter(run=run).select_related("stage").order_by("id"))
+    chunks = list(BodyChunk.objects.filter(run=run).order_by("chunk_no"))
+    spans = list(SpanRecord.objects.filter(run_id=run.id).order_by("start", "id")[:SPANS_PER_RUN])
+
+    budget, reserve, ledger = [], None, []
+    account = _budget_of(run)
+    if account is not None:
+        for resource, balance in services.budget_view(run).items():
+            row = BudgetRow(
+                resource=resource,
+                words=RESOURCE_WORDS.get(resource, resource.replace("_", " ")),
+                limit=balance.limit,
+                used=balance.used,
+                remaining=balance.remaining,
+            )
+            if resource == "output_reserve":
+                reserve = row
+            else:
+                budget.append(row)
+        ledger = list(BudgetEntry.objects.filter(account=account).order_by("id"))
+
+    per_stage: dict[int, int] = {}
+    for attempt in attempts:
+        per_stage[attempt.stage_id] = per_stage.get(attempt.stage_id, 0) + 1
+    origin = run.created_at
+    stage_rows = []
+    for stage in stages:
+        row = _stage_row(stage, per_stage.get(stage.id, 0))
+        row.queued = moment(stage.enqueued_at, origin)
+        row.started = moment(stage.started_at, origin)
+        row.finished = moment(stage.finished_at, origin)
+        stage_rows.append(row)
+    # Inside one run, "+1.5 s after the start" says more than "3 h ago" on every row.
+    for attempt in attempts:
+        attempt.started = moment(attempt.started_at, origin)
+    for receipt in receipts:
+        receipt.opened = moment(receipt.created_at, origin)
+        receipt.finished = moment(receipt.finished_at, origin)
+        receipt.verified = moment(receipt.verified_at, origin)
+    for chunk in chunks:
+        chunk.generated = moment(chunk.generated_at, origin)
+        chunk.committed = moment(chunk.committed_at, origin)
+        chunk.sent = moment(chunk.sent_at, origin)
+        chunk.observed = moment(chunk.observed_at, origin)
+    for entry in ledger:
+        entry.at = moment(entry.created_at, origin)
+
+    end = settlement.settled_at if settlement else now
+    return RunPage(
+        run=run,
+        settlement=settlement,
+        decisions=_decisions(run.decisions, origin),
+        stages=stage_rows,
+        waterfall=_waterfall(run, stages, spans, settlement, now),
+        attempts=attempts,
+        budget=budget,
+        reserve=reserve,
+        ledger=ledger,
+        receipts=receipts,
+        chunks=chunks,
+        body="".join(c.text for c in chunks if c.committed_at is not None),
+        observed_chunks=sum(1 for c in chunks if c.observed_at is not None),
+        duration=duration_words(max(end - run.created_at, timedelta(0))),
+        deadline_passed=settlement is None and run.deadline_at <= now,
+    )
+
+
+def _budget_of(run: Run):
+    try:
+        return run.budget
+    except Run.budget.RelatedObjectDoesNotExist:
+        return None
+
+
+def _decisions(raw: Any, origin: datetime) -> list[dict[str, Any]]:
+    out = []
+    for entry in raw if isinstance(raw, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        path = str(entry.get("path") or "")
+        out.append(
+            {
+                "at": moment(_parse_at(entry.get("at")), origin),
+                "path": path,
+                "path_words": PATH_WORDS.get(path, path.replace("_", " ")),
+                "path_state": PATH_STATE.get(path, "info"),
+                "reason": entry.get("reason") or "",
+                "boundary_action_needed": entry.get("boundary_action_needed") or "",
+            }
+        )
+    return out
+
+
+def _stage_row(stage: Stage, attempts: int) -> StageRow:
+    clocks = stage.clocks if isinstance(stage.clocks, dict) else {}
+    cells = []
+    for key, label, timeout in CLOCKS:
+        value = clocks.get(key)
+        unknown = not isinstance(value, int | float) or value == CLOCK_UNKNOWN
+        cells.append(
+            ClockCell(
+                label=label,
+                value="not recorded" if unknown else ms_words(value),
+                timed_out=stage.timeout_name == timeout,
+                unknown=unknown,
+            )
+        )
+    if stage.timeout_name == "interrupted":
+        words = "interrupted (effect unknown)"
+    elif stage.timeout_name:
+        words = f"timed out: {stage.timeout_name}"
+    else:
+        words = ""
+    return StageRow(stage=stage, clocks=cells, timeout_words=words, attempts=attempts)
+
+
+# --------------------------------------------------------------------------- waterfall
+
+
+def _waterfall(
+    run: Run, stages: list[Stage], spans: list[SpanRecord], settlement, now: datetime
+) -> Waterfall | None:
+    if spans:
+        return _span_waterfall(run, stages, spans)
+    if stages:
+        return _stage_waterfall(run, stages, settlement, now)
+    return None
+
+
+def _frame(origin: datetime, end: datetime) -> tuple[datetime, datetime, float]:
+    total = (end - origin).total_seconds()
+    if total <= 0:
+        end = origin + timedelta(milliseconds=1)
+        total = 0.001
+    return origin, end, total
+
+
+def _place(start: datetime, stop: datetime, origin: datetime, total: float) -> tuple[float, float]:
+    left = max(0.0, min(100.0, 100.0 * (start - origin).total_seconds() / total))
+    width = max(0.0, 100.0 * (stop - start).total_seconds() / total)
+    width = min(width, 100.0 - left)
+    return round(left, 2), round(max(width, 0.4), 2)
+
+
+def _ticks(total_seconds: float) -> list[tuple[float, str]]:
+    return [
+        (pct, ms_words(total_seconds * 1000 * pct / 100)) for pct in (0.0, 25.0, 50.0, 75.0, 100.0)
+    ]
+
+
+def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> Waterfall:
+    """Bars positioned by each span's start/end relative to the run span."""
+    run_span = next((s for s in spans if s.name == RUN_SPAN_NAME), None)
+    if run_span is not None:
+        origin = run_span.start
+        end = max([run_span.end, *(s.end for s in spans)])
+    else:
+        origin = min(s.start for s in spans)
+        end = max(s.end for s in spans)
+    origin, end, total = _frame(origin, end)
+    by_id = {s.span_id: s for s in spans}
+    stage_by_id = {str(stage.id): stage for stage in stages}
+
+    def depth(span: SpanRecord) -> int:
+        level, seen, parent = 0, set(), by_id.get(span.parent_span_id)
+        while parent is not None and parent.span_id not in seen and level < 6:
+            seen.add(parent.span_id)
+            level += 1
+            parent = by_id.get(parent.parent_span_id)
+        return level
+
+    rank = {RUN_SPAN_NAME: 0, QUEUE_SPAN_NAME: 1, EXECUTION_SPAN_NAME: 2}
+
+    def order(span: SpanRecord) -> tuple:
+        # The run span first, then by start; at the same instant the earlier
+        # stage first, its queue before its execution before its attempts.
+        attrs = span.attributes if isinstance(span.attributes, dict) else {}
+        stage = stage_by_id.get(str(attrs.get("governance.stage_id", "")))
+        return (
+            span.name != RUN_SPAN_NAME,
+            span.start,
+            stage.seq if stage else 0,
+            rank.get(span.name, 3),
+            depth(span),
+            span.end,
+            span.id or 0,
+        )
+
+    ordered = sorted(spans, key=order)
+    bars = []
+    for span in ordered:
+        attrs = span.attributes if isinstance(span.attributes, dict) else {}
+        stage = stage_by_id.get(str(attrs.get("governance.stage_id", "")))
+        stage_words = f"stage {stage.seq} · {stage.kind.replace('_', ' ')}" if stage else "stage"
+        if span.name == RUN_SPAN_NAME:
+            kind, label, detail = "run", "Run", ""
+        elif span.name == QUEUE_SPAN_NAME:
+            kind, label, detail = "queue", f"{stage_words} · queued", _clock_words(attrs)
+        elif span.name == EXECUTION_SPAN_NAME:
+            kind, label = "execution", f"{stage_words} · execution"
+            detail = _clock_words(attrs)
+            if attrs.get("governance.stage.timeout"):
+                detail = f"timed out: {attrs['governance.stage.timeout']} · {detail}"
+        elif "gen_ai.provider.name" in attrs or "gen_ai.operation.name" in attrs:
+            kind = "attempt"
+            provider = attrs.get("gen_ai.provider.name") or "provider"
+            attempt_kind = str(attrs.get("governance.attempt.kind") or "")
+            label = f"{provider} · {ATTEMPT_KIND_WORDS.get(attempt_kind, attempt_kind)}".rstrip(
+                " ·"
+            )
+            parts = [str(attrs.get("gen_ai.request.model") or "")]
+            failure = attrs.get("governance.failure_class") or attrs.get("error.type")
+            parts.append(f"failed: {failure}" if failure else "accepted")
+            tokens_in = attrs.get("gen_ai.usage.input_tokens")
+            tokens_out = attrs.get("gen_ai.usage.output_tokens")
+            if tokens_in is not None or tokens_out is not None:
+                parts.append(f"tokens {tokens_in or 0} in / {tokens_out or 0} out")
+            detail = " · ".join(p for p in parts if p)
+        else:
+            kind, label, detail = "other", span.name, ""
+        left, width = _place(span.start, span.end, origin, total)
+        bars.append(
+            Bar(
+                label=label,
+                detail=detail,
+                kind=kind,
+                left=left,
+                width=width,
+                duration=duration_words(span.end - span.start),
+                depth=depth(span),
+                status="error" if span.status == "error" else "",
+                start=span.start,
+            )
+        )
+    return Waterfall(
+        source="spans",
+        bars=bars,
+        origin=origin,
+        end=end,
+        total=duration_words(end - origin),
+        ticks=_ticks(total),
+    )
+
+
+def _clock_words(attrs: dict[str, Any]) -> str:
+    parts = []
+    for (_key, label, _timeout), name in zip(CLOCKS, CLOCK_ATTRIBUTES, strict=True):
+        value = attrs.get(name)
+        if isinstance(value, int | float) and value != CLOCK_UNKNOWN:
+            parts.append(f"{label.lower()} {ms_words(value)}")
+    return " · ".join(parts)
+
+
+def _stage_waterfall(run: Run, stages: list[Stage], settlement, now: datetime) -> Waterfall:
+    """No spans in the store: the bars come from the stages' own timestamps."""
+    stops = [s.finished_at or s.started_at or s.enqueued_at for s in stages]
+    end = settlement.settled_at if settlement else max([now, *stops])
+    origin, end, total = _frame(run.created_at, max([end, *stops]))
+    bars = []
+    for stage in stages:
+        words = f"stage {stage.seq} · {stage.kind.replace('_', ' ')}"
+        started = stage.started_at
+        queue_end = started or (now if stage.finished_at is None else stage.finished_at)
+        left, width = _place(stage.enqueued_at, queue_end, origin, total)
+        bars.append(
+            Bar(
+                label=f"{words} · queued",
+                detail="" if started else "still queued",
+                kind="queue",
+                left=left,
+                width=width,
+                duration=duration_words(queue_end - stage.enqueued_at),
+                start=stage.enqueued_at,
+            )
+        )
+        if started is not None:
+            stop = stage.finished_at or max(now, started)
+            left, width = _place(started, stop, origin, total)
+            detail = stage.outcome or ("running" if stage.finished_at is None else "")
+            if stage.timeout_name:
+                detail = f"timed out: {stage.timeout_name} · {detail}".rstrip(" ·")
+            bars.append(
+                Bar(
+                    label=f"{words} · execution",
+                    detail=detail,
+                    kind="execution",
+                    left=left,
+                    width=width,
+                    duration=duration_words(stop - started),
+                    status="error" if stage.timeout_name else "",
+                    start=started,
+                )
+            )
+    return Waterfall(
+        source="stages",
+        bars=bars,
+        origin=origin,
+        end=end,
+        total=duration_words(end - origin),
+        ticks=_ticks(total),
+    )

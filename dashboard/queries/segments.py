@@ -1,0 +1,430 @@
+"""Read-only queries for the segment pages (R8.1, R8.3).
+
+Per (segment, provider) the refusal state is what ``governance.refusal``
+says about the stored two numbers: these helpers only read rows in batches
+and ask the rule (``refusal_verdict``); they never re-implement it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.shortcuts import get_object_or_404
+
+from governance import services
+from governance.models import (
+    HistoryItem,
+    Notification,
+    Provider,
+    ProviderAttempt,
+    RunEvent,
+    Segment,
+    SegmentRefusal,
+)
+from governance.refusal import (
+    ProviderRefusal,
+    RefusalError,
+    refusal_from_card,
+    refusal_verdict,
+    refused_at_datetime,
+)
+
+# Worst first: a segment's state is its worst provider state.
+STATE_ORDER = {"eligible": 0, "cooling": 1, "frozen": 2}
+AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+
+
+@dataclass(frozen=True)
+class ProviderState:
+    """One provider's R8.1 state in one segment, in words and numbers."""
+
+    provider_id: str
+    model: str
+    state: str  # eligible / cooling / frozen
+    refusals: int | None  # None: a legacy row (R3.4), read as frozen
+    max_sends: int
+    reprobes: int
+    refused_at: datetime | None
+    next_probe_at: datetime | None
+    category: str
+    in_chain: bool = True
+
+    @property
+    def reprobe_due(self) -> bool:
+        """Eligible again after refusals: the next turn sends the re-probe (R3.2)."""
+        return self.state == "eligible" and bool(self.refusals)
+
+
+def _refusal_of(row: SegmentRefusal) -> ProviderRefusal:
+    return ProviderRefusal(
+        provider_id=row.provider_id,
+        model=row.model or None,
+        category=row.category or None,
+        refusals=row.refusals,
+        refused_at=row.refused_at,
+    )
+
+
+def state_moment(segment: Segment, now: datetime) -> datetime:
+    """A closed segment keeps the state it had when it closed; an open one is read now."""
+    return segment.closed_at or now
+
+
+def provider_states(
+    segment: Segment,
+    chain: Sequence[str],
+    models: dict[str, str],
+    now: datetime,
+    delays: Sequence[timedelta],
+) -> list[ProviderState]:
+    """R8.1: every provider of the chain (and any other with refusal rows) with its verdict.
+
+    Reads ``segment.refusals`` through ``services.segment_refusals``, which uses
+    the prefetch cache when the caller prefetched ``refusals`` (no N+1).
+    """
+    refusals = services.segment_refusals(segment)
+    moment = state_moment(segment, now)
+    ids = list(chain) + sorted(set(refusals) - set(chain))
+    states = []
+    for provider_id in ids:
+        refusal = refusals.get(provider_id)
+        verdict = refusal_verdict(refusal, moment, delays)
+        states.append(
+            ProviderState(
+                provider_id=provider_id,
+                model=(refusal.model if refusal and refusal.model else None)
+                or models.get(provider_id, ""),
+                state=verdict.state,
+                refusals=(refusal.refusals if refusal else 0),
+                max_sends=1 + len(delays),
+                reprobes=verdict.reprobes,
+                refused_at=refused_at_datetime(refusal) if refusal else None,
+                next_probe_at=verdict.next_probe_at,
+                category=(refusal.category or "") if refusal else "",
+                in_chain=provider_id in chain,
+            )
+        )
+    return states
+
+
+def worst_state(states: Iterable[ProviderState]) -> str:
+    return max((s.state for s in states), key=STATE_ORDER.__getitem__, default="eligible")
+
+
+def provider_models() -> dict[str, str]:
+    """provider_id → model, in one query (also the provider filter's choices)."""
+    return dict(Provider.objects.order_by("provider_id").values_list("provider_id", "model"))
+
+
+# --------------------------------------------------------------------------- the list
+
+
+def _state_filter(base: QuerySet[Segment], state: str, provider: str, now: datetime, delays) -> Q:
+    """Segments whose worst state (or the chosen provider's state) is ``state``.
+
+    One query over the refusal rows of the candidate segments; the verdict is
+    the rule's own (``refusal_verdict``), never a copy of it in SQL. A segment
+    without refusal rows is eligible for every provider.
+    """
+    rows = SegmentRefusal.objects.filter(segment__in=base.values("id"))
+    if provider:
+        rows = rows.filter(provider_id=provider)
+    worst: dict[int, str] = {}
+    for segment_id, closed_at, provider_id, refusals, refused_at in rows.values_list(
+        "segment_id", "segment__closed_at", "provider_id", "refusals", "refused_at"
+    ):
+        verdict = refusal_verdict(
+            ProviderRefusal(provider_id=provider_id, refusals=refusals, refused_at=refused_at),
+            closed_at or now,
+            delays,
+        )
+        current = worst.get(segment_id, "eligible")
+        worst[segment_id] = max(current, verdict.state, key=STATE_ORDER.__getitem__)
+    if state == "eligible":
+        return ~Q(id__in=[sid for sid, value in worst.items() if value != "eligible"])
+    return Q(id__in=[sid for sid, value in worst.items() if value == state])
+
+
+def segment_list(
+    *,
+    now: datetime,
+    delays: Sequence[timedelta],
+    status: str = "open",
+    state: str = "",
+    provider: str = "",
+    thread: str = "",
+    age: str = "",
+) -> QuerySet[Segment]:
+    """The segments page, newest first, filtered; lazy so the paginator slices it."""
+    qs = Segment.objects.all()
+    if status == "open":
+        qs = qs.filter(closed_at__isnull=True)
+    elif status == "closed":
+        qs = qs.filter(closed_at__isnull=False)
+    if age in AGES:
+        qs = qs.filter(opened_at__gte=now - AGES[age])
+    if thread:
+        try:
+            qs = qs.filter(thread_id=uuid.UUID(thread.strip()))
+        except ValueError:
+            qs = qs.filter(thread__title__icontains=thread.strip())
+    if provider:
+        # In the thread's chain (a JSON list: its text holds '"id"'), or refused here.
+        qs = qs.filter(
+            Q(thread__provider_chain__icontains=f'"{provider}"')
+            | Exists(SegmentRefusal.objects.filter(segment=OuterRef("pk"), provider_id=provider))
+        )
+    if state in STATE_ORDER:
+        qs = qs.filter(_state_filter(qs, state, provider, now, delays))
+    return (
+        qs.select_related("thread", "session")
+        .prefetch_related("refusals")
+        .order_by("-opened_at", "-id")
+    )
+
+
+# --------------------------------------------------------------------------- one segment
+
+
+def segment_for_page(segment_id: int) -> Segment:
+    return get_object_or_404(
+        Segment.objects.select_related(
+            "thread", "session", "next_segment", "previous_segment"
+        ).prefetch_related("refusals"),
+        pk=segment_id,
+    )
+
+
+def open_segment_of(segment: Segment) -> Segment | None:
+    """The thread's open segment (itself when open)."""
+    if segment.closed_at is None:
+        return segment
+    return Segment.objects.filter(thread_id=segment.thread_id, closed_at__isnull=True).first()
+
+
+def previous_of(segment: Segment) -> Segment | None:
+    try:
+        return segment.previous_segment
+    except Segment.DoesNotExist:
+        return None
+
+
+def history_count(segment: Segment) -> int:
+    """Accepted history of the segment's session: what a compact or fresh start replaces."""
+    return HistoryItem.objects.filter(session_id=segment.session_id).count()
+
+
+def switchable_models(segment: Segment) -> list[str]:
+    """The configured models: the chain's provider models first, then every enabled
+    provider's, then the thread's own; never the segment's current model."""
+    chain = list(segment.thread.provider_chain)
+    rows = Provider.objects.filter(Q(enabled=True) | Q(provider_id__in=chain)).values_list(
+        "provider_id", "model"
+    )
+    by_provider = dict(rows)
+    ordered = [by_provider[p] for p in chain if p in by_provider]
+    ordered += sorted(by_provider.values())
+    ordered.append(segment.thread.model)
+    seen: set[str] = set()
+    models = []
+    for model in ordered:
+        if model and model not in seen and model != segment.model:
+            seen.add(model)
+            models.append(model)
+    return models
+
+
+# --------------------------------------------------------------------------- timeline
+
+# Inside one instant the runner writes: stage queued → attempts → fallback card
+# → notification → stage finished. Newest first reverses that.
+BOUNDARY_WORDS = {
+    "compact": "compact",
+    "fresh_start": "fresh start",
+    "model_switch": "model switch",
+    "mode_change": "mode change",
+    "tool_surface_change": "tool-surface change",
+    "prompt_change": "prompt change",
+}
+
+
+def boundary_words(kind: str | None) -> str:
+    return BOUNDARY_WORDS.get(kind or "", (kind or "").replace("_", " "))
+
+
+ATTEMPT_WORDS = {
+    "original": "original",
+    "re_render": "re-render",
+    "history_only": "history-only",
+    "re_probe": "re-probe",
+    "fallback": "fallback",
+}
+_RANK = {"stage-queued": 0, "attempt": 1, "fallback": 2, "notification": 3, "stage": 4}
+
+
+@dataclass
+class TimelineItem:
+    kind: str  # attempt / stage / fallback / notification / closed / opened
+    at: datetime
+    rank: int
+    id: int
+    obj: Any = None
+    card: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def sort_key(self) -> tuple[datetime, int, int]:
+        return (self.at, self.rank, self.id)
+
+
+@dataclass
+class Timeline:
+    items: list[TimelineItem]
+    older: datetime | None  # cursor for "show older" (strictly before), None at the start
+    first_page: bool
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
+def card_view(metadata: dict[str, Any]) -> dict[str, Any]:
+    """An ``llm-fallback`` card (R3.5) ready to show: per provider its state then.
+
+    Entries of any vintage are read through ``refusal_from_card`` (R3.4); an
+    entry that cannot be read is shown as unreadable rather than dropped.
+    """
+    refusal_entries = []
+    raw = metadata.get("refusal")
+    if not isinstance(raw, list):
+        raw = metadata.get("providers") if isinstance(metadata.get("providers"), list) else []
+    for entry in raw:
+        if not isinstance(entry, dict):
+            continue
+        try:
+            refusal = refusal_from_card(entry)
+        except RefusalError:
+            refusal_entries.append({"provider_id": "?", "state": "unknown", "unreadable": True})
+            continue
+        state = entry.get("state")
+        if state not in STATE_ORDER:
+            state = "frozen" if refusal.refusals is None else "unknown"
+        refusal_entries.append(
+            {
+                "provider_id": refusal.provider_id,
+                "model": refusal.model or "",
+                "category": refusal.category or "",
+                "refusals": refusal.refusals,
+                "refused_at": refused_at_datetime(refusal),
+                "state": state,
+                "next_probe_at": _parse_time(entry.get("next_probe_at")),
+            }
+        )
+    health_entries = []
+    for entry in metadata.get("health") or []:
+        if isinstance(entry, dict):
+            health_entries.append(
+                {
+                    "provider_id": entry.get("provider_id") or "?",
+                    "model": entry.get("model") or "",
+                    "state": entry.get("state") or "unknown",
+                    "until": _parse_time(entry.get("until")),
+                    "detail": entry.get("detail") or "",
+                }
+            )
+    return {
+        "refusal": refusal_entries,
+        "health": health_entries,
+        "fallback_to": metadata.get("fallback_to") or "",
+        "text": metadata.get("text") or "",
+    }
+
+
+def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
+    return [
+        (
+            "attempt",
+            ProviderAttempt.objects.filter(segment=segment).select_related("provider", "stage"),
+            "started_at",
+        ),
+        (
+            "event",
+            RunEvent.objects.filter(segment=segment, kind__in=("stage", "llm-fallback")),
+            "at",
+        ),
+        (
+            "notification",
+            Notification.objects.filter(segment=segment).select_related("acked_by"),
+            "created_at",
+        ),
+    ]
+
+
+def _item(source: str, row: Any, time_field: str) -> TimelineItem:
+    at = getattr(row, time_field)
+    if source == "event":
+        if row.kind == "llm-fallback":
+            return TimelineItem(
+                "fallback", at, _RANK["fallback"], row.id, row, card_view(row.metadata)
+            )
+        meta = row.metadata if isinstance(row.metadata, dict) else {}
+        queued = meta.get("state") == "queued"
+        label = " ".join(
+            str(part).replace("_", " ") for part in (meta.get("kind"), meta.get("state")) if part
+        )
+        rank = _RANK["stage-queued" if queued else "stage"]
+        return TimelineItem("stage", at, rank, row.id, row, label=label)
+    if source == "attempt":
+        label = ATTEMPT_WORDS.get(row.kind, row.kind)
+        return TimelineItem(source, at, _RANK[source], row.id, row, label=label)
+    return TimelineItem(source, at, _RANK[source], row.id, row)
+
+
+def segment_timeline(segment: Segment, *, before: datetime | None, limit: int = 50) -> Timeline:
+    """R8.1: what happened in the segment, newest first, about ``limit`` items a page.
+
+    Each source gives its newest ``limit + 1`` rows before the cursor; the
+    merged newest ``limit`` decide the oldest instant shown, and every row of
+    that instant is included, so the next page ("strictly before") neither
+    repeats nor loses a row written in the same instant.
+    """
+    fetched: dict[tuple[str, int], TimelineItem] = {}
+    sources = _sources(segment)
+    for source, qs, time_field in sources:
+        if before is not None:
+            qs = qs.filter(**{f"{time_field}__lt": before})
+        for row in qs.order_by(f"-{time_field}", "-id")[: limit + 1]:
+            fetched[(source, row.id)] = _item(source, row, time_field)
+    merged = sorted(fetched.values(), key=lambda item: item.sort_key, reverse=True)
+    older = None
+    if len(merged) > limit:
+        oldest = merged[limit - 1].at
+        items = [item for item in merged if item.at > oldest]
+        for source, qs, time_field in sources:
+            for row in qs.filter(**{time_field: oldest}):
+                items.append(_item(source, row, time_field))
+        items.sort(key=lambda item: item.sort_key, reverse=True)
+        more = any(
+            qs.filter(**{f"{time_field}__lt": oldest}).exists() for _, qs, time_field in sources
+        )
+        older = oldest if more else None
+    else:
+        items = merged
+    first_page = before is None
+    if first_page and segment.closed_at is not None:
+        items.insert(0, TimelineItem("closed", segment.closed_at, 9, 0, segment))
+    if older is None:
+        items.append(TimelineItem("opened", segment.opened_at, -1, 0, segment))
+    return Timeline(items=items, older=older, first_page=first_page)

@@ -1,0 +1,186 @@
+"""`manage.py demo`: a realistic scenario seeded through the real engine (issue 4).
+
+No worker is needed: the command runs every stage inline (Celery eager) under
+its own manual clock, and must leave both as it found them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from governance import clock, services
+from governance.models import (
+    AuditEntry,
+    Notification,
+    ProviderAttempt,
+    ProviderHealthState,
+    Run,
+    RunEvent,
+    SegmentRefusal,
+    Settlement,
+    SpanRecord,
+    Stage,
+    Thread,
+    ToolReceipt,
+)
+from tasks import celery_app
+from tasks.span_store import span_store_enabled
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def var_dir(settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed
+    return tmp_path
+
+
+def demo(*args: str) -> str:
+    out = StringIO()
+    call_command("demo", *args, stdout=out)
+    return out.getvalue()
+
+
+def demo_thread(title: str) -> Thread:
+    return Thread.objects.get(title=f"demo: {title}")
+
+
+def test_demo_seeds_the_scenario_through_the_engine(var_dir):
+    started = datetime.now(UTC)
+    output = demo()
+    finished = datetime.now(UTC)
+
+    # Several threads with different chains and tool surfaces, every run settled.
+    threads = Thread.objects.filter(title__startswith="demo:")
+    assert threads.count() >= 4
+    assert len({tuple(t.provider_chain) for t in threads}) >= 4
+    assert len({tuple(t.tool_surface) for t in threads}) >= 3
+    runs = Run.objects.filter(thread__in=threads)
+    assert runs.count() >= 20
+    assert not runs.exclude(status=Run.Status.SETTLED).exists()
+
+    # Produced by the engine: attempts, stages, fallback cards, spans.
+    assert ProviderAttempt.objects.filter(kind="fallback").exists()
+    assert RunEvent.objects.filter(kind="llm-fallback").count() >= 5
+    assert Stage.objects.filter(kind="tool_call").exists()
+    assert not Stage.objects.filter(finished_at__isnull=True).exists()
+    if span_store_enabled():
+        assert SpanRecord.objects.filter(run_id__in=runs.values("id")).exists()
+
+    # The data spans several hours and ends at about "now".
+    first = runs.order_by("created_at").first().created_at
+    last = Settlement.objects.order_by("-settled_at").first().settled_at
+    assert timedelta(hours=8) <= started - first <= timedelta(hours=10)
+    assert started - timedelta(minutes=30) <= last <= finished
+
+    # The refusal storm: 4 requests on the first refused turn, one re-probe at
+    # +15 min, +1 h and +6 h, then frozen with a critical, unacknowledged alert.
+    segment = services.open_segment(demo_thread("incident cost review"))
+    state = SegmentRefusal.objects.get(segment=segment, provider_id="demo-sentinel")
+    assert state.refusals == 4
+    refused = ProviderAttempt.objects.filter(
+        segment=segment, provider__provider_id="demo-sentinel", result="refused"
+    )
+    assert refused.count() == 4 + 3
+    assert refused.filter(kind="re_probe").count() == 3
+    key = f"provider-refusal:{segment.key}:3:demo-sentinel"
+    alert = Notification.objects.get(dedupe_key=key)
+    assert alert.severity == "critical" and alert.acked_at is None
+    assert Notification.objects.get(dedupe_key=f"provider-refusal:{segment.key}:0:demo-sentinel")
+    # A second thread frozen on both of its providers: its runs settle failed,
+    # and the alert names the boundary action needed.
+    triage = services.open_segment(demo_thread("vendor breach triage"))
+    assert Notification.objects.filter(
+        dedupe_key=f"provider-refusal:{triage.key}:3:demo-sentinel,demo-vigil",
+        severity="critical",
+    ).exists()
+    no_provider = Notification.objects.get(dedupe_key=f"no-eligible-provider:{triage.key}")
+    assert "fresh start" in no_provider.text
+    assert Settlement.objects.filter(reason_code="no_eligible_provider").exists()
+
+    # The outage: 503s opened breakers; one recovered, one is still tripped.
+    assert (
+        ProviderAttempt.objects.filter(failure_class="server_error", status_code=503).count() >= 6
+    )
+    tripped = ProviderHealthState.objects.filter(trips__gte=1)
+    assert tripped.exists()
+    assert tripped.filter(provider__provider_id="demo-orion", breaker="open").exists()
+    meridian = ProviderHealthState.objects.get(provider__provider_id="demo-meridian")
+    assert meridian.breaker == "closed" and meridian.last_failure_class == "server_error"
+    assert any(
+        entry.get("state") == "breaker_open"
+        for card in RunEvent.objects.filter(kind="llm-fallback")
+        for entry in card.metadata.get("health", [])
+    )
+
+    # Runs of every outcome.
+    outcomes = set(Settlement.objects.values_list("outcome", flat=True))
+    assert {"completed", "partial", "cancelled", "failed"} <= outcomes
+    partial = Settlement.objects.filter(outcome="partial").first().run
+    assert partial.stages.filter(kind="finalization").exists()
+    cancelled = Settlement.objects.get(outcome="cancelled").run
+    assert cancelled.attempts.count() == 0
+    assert Settlement.objects.filter(reason_code="deadline_exceeded").exists()
+    assert Stage.objects.filter(timeout_name="deadline_exceeded").exists()
+
+    # An unknown webhook effect, verified up to the limit, listed on the settlement.
+    receipt = ToolReceipt.objects.get(tool="webhook", effect="unknown")
+    assert receipt.run.stages.filter(kind="verify_effect").count() == 3
+    assert receipt.idempotency_key in receipt.run.settlement.unknown_effects
+    assert receipt.run.settlement.outcome != "completed"
+
+    # Boundaries in the audit log, by the demo operator, with a reason.
+    boundary = AuditEntry.objects.get(action="boundary.fresh_start")
+    assert boundary.actor == "demo-operator" and boundary.reason
+    assert AuditEntry.objects.filter(action__startswith="boundary.").count() >= 2
+
+    # The three role users, with the passwords kept in var/ and printed.
+    users = get_user_model().objects
+    for username, group in (
+        ("demo-operator", "operator"),
+        ("demo-oncall", "on-call"),
+        ("demo-manager", "manager"),
+    ):
+        user = users.get(username=username)
+        assert list(user.groups.values_list("name", flat=True)) == [group]
+        password = (var_dir / f"{username}-password").read_text().strip()
+        assert user.check_password(password)
+        assert f"user: {username}  password: {password}" in output
+    assert users.get(username="demo-operator").has_perm("governance.apply_boundary")
+    assert users.get(username="demo-oncall").has_perm("governance.acknowledge_notification")
+    assert not users.get(username="demo-manager").has_perm("governance.apply_boundary")
+
+    assert "runs by outcome:" in output and "cancelled 1" in output
+
+    # The command leaves the process as it found it.
+    assert celery_app.conf.task_always_eager is False
+    assert abs(clock.now() - datetime.now(UTC)) < timedelta(minutes=1)
+
+    # Running it again adds nothing.
+    counts = (Thread.objects.count(), Run.objects.count(), Notification.objects.count())
+    again = demo()
+    assert "demo data already present" in again
+    assert (Thread.objects.count(), Run.objects.count(), Notification.objects.count()) == counts
+
+
+def test_demo_force_adds_another_round(var_dir):
+    demo()
+    threads, runs = Thread.objects.count(), Run.objects.count()
+    passwords = {p.name: p.read_text() for p in var_dir.glob("demo-*-password")}
+    output = demo("--force")
+    assert "Demo round 2" in output
+    assert Thread.objects.count() == 2 * threads
+    assert Run.objects.count() > runs
+    assert not Run.objects.exclude(status=Run.Status.SETTLED).exists()
+    # The new round has its own refusal storm, frozen again.
+    second = services.open_segment(Thread.objects.get(title="demo: incident cost review (round 2)"))
+    assert SegmentRefusal.objects.get(segment=second, provider_id="demo-sentinel").refusals == 4
+    # The users are the same, with the same passwords.
+    assert {p.name: p.read_text() for p in var_dir.glob("demo-*-password")} == passwords
+    assert get_user_model().objects.filter(username__startswith="demo-").count() == 3

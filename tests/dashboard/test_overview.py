@@ -1,0 +1,132 @@
+"""The overview: state first (R8.1, R8.2), live without reloads, bounded queries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+
+from governance import clock, services
+from governance.models import (
+    Notification,
+    Provider,
+    ProviderHealthState,
+    SegmentRefusal,
+    Stage,
+)
+from governance.refusal import ProviderRefusal, refusal_notice
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def frozen_world():
+    now = clock.now()
+    for pid in ("alpha", "beta"):
+        Provider.objects.create(provider_id=pid, kind="scripted", model=f"{pid}-m")
+    thread = services.create_thread(provider_chain=["alpha", "beta"], now=now)
+    segment = services.open_segment(thread)
+    SegmentRefusal.objects.create(
+        segment=segment, provider_id="alpha", refusals=4, refused_at=now - timedelta(hours=1)
+    )
+    SegmentRefusal.objects.create(
+        segment=segment, provider_id="beta", refusals=2, refused_at=now - timedelta(minutes=10)
+    )
+    notice = refusal_notice(
+        segment.key, [ProviderRefusal("alpha", refusals=4, refused_at=now)], now
+    )
+    services.emit_notice(notice, segment)
+    return segment, Notification.objects.get(dedupe_key=notice.dedupe_key)
+
+
+def test_r8_2_critical_alert_first_with_one_click_ack_for_on_call(client, oncall, frozen_world):
+    segment, alert = frozen_world
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert body.index("Critical alerts needing a person") < body.index("Segments with a frozen")
+    assert "1 unacknowledged" in body
+    assert reverse("alert-ack", args=[alert.id]) in body
+    assert reverse("segment", args=[segment.id]) in body
+
+
+def test_r8_2_manager_sees_the_alert_but_no_acknowledge_button(client, manager, frozen_world):
+    _segment, alert = frozen_world
+    client.force_login(manager)
+    body = client.get(reverse("overview")).content.decode()
+    assert alert.text[:40] in body
+    assert reverse("alert-ack", args=[alert.id]) not in body
+
+
+def test_r8_1_frozen_and_cooling_providers_in_words_and_numbers(client, oncall, frozen_world):
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert '<span class="state frozen">frozen</span> since' in body
+    assert '<span class="state cooling">cooling</span> until' in body
+    assert "(refusals 2 of 4)" in body
+
+
+def test_r8_1_acknowledged_alerts_leave_the_overview(client, oncall, frozen_world):
+    _segment, alert = frozen_world
+    services.acknowledge_notification(alert.id, user=oncall, now=clock.now())
+    client.force_login(oncall)
+    body = client.get(reverse("overview"), headers={"HX-Request": "true"}).content.decode()
+    assert "No unacknowledged critical alerts" in body
+
+
+def test_r2_2_provider_board_shows_an_open_breaker(client, oncall, frozen_world):
+    ProviderHealthState.objects.create(
+        provider=Provider.objects.get(provider_id="alpha"),
+        breaker="open",
+        consecutive_failures=3,
+        trips=1,
+        open_until=clock.now() + timedelta(minutes=5),
+        last_failure_class="server_error",
+        last_failure_at=clock.now(),
+        last_error="HTTP 503 overloaded",
+    )
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert '<span class="state open">open</span>' in body
+    assert "HTTP 503 overloaded" in body
+
+
+def test_r6_1_clock_percentiles_per_stage_kind(client, oncall, frozen_world):
+    segment, _ = frozen_world
+    thread = segment.thread
+    run, _stage, _ = services.submit_run(thread, input="hi", now=clock.now())
+    for i, queue in enumerate((100, 200, 300, 400, 50_000)):
+        Stage.objects.create(
+            run=run, seq=10 + i, kind="model_turn", enqueued_at=clock.now(),
+            finished_at=clock.now(),
+            clocks={"queue_ms": queue, "execution_ms": 20, "no_progress_ms": 5,
+                    "deadline_remaining_ms": 1000},
+        )  # fmt: skip
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert "model turn" in body
+    assert "300 ms" in body  # p50 of the queue clock
+    assert "50.0 s" in body  # p95 of the queue clock
+
+
+def test_overview_query_count_is_bounded(
+    client, oncall, frozen_world, django_assert_max_num_queries
+):
+    _segment, _ = frozen_world
+    for _n in range(5):
+        thread = services.create_thread(provider_chain=["alpha"], now=clock.now())
+        SegmentRefusal.objects.create(
+            segment=services.open_segment(thread), provider_id="alpha", refusals=4,
+            refused_at=clock.now(),
+        )  # fmt: skip
+    client.force_login(oncall)
+    with django_assert_max_num_queries(20):
+        assert client.get(reverse("overview")).status_code == 200
+
+
+def test_overview_with_an_empty_database_says_what_to_do(client, oncall):
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert "No unacknowledged critical alerts" in body
+    assert "No providers configured yet" in body
+    assert "No stage finished in the last hour" in body
