@@ -26,6 +26,10 @@ def requires_services() -> bool:
 
 @pytest.fixture
 def make_user(django_user_model):
+    from governance.roles import ensure_roles
+
+    ensure_roles()  # a transactional test's flush removes the migration's groups
+
     def make(username: str, *groups: str, **extra):
         user = django_user_model.objects.create_user(username, password="pw-for-tests-1", **extra)
         for name in groups:

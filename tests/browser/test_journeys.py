@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from governance import clock, services
+from governance.lifecycle import Outcome, ReasonCode, Settlement
 from governance.models import AuditEntry, Notification, Provider, SegmentRefusal
 from governance.refusal import ProviderRefusal, refusal_notice
 
@@ -53,3 +54,63 @@ def test_r8_2_on_call_acknowledges_the_critical_alert_without_a_reload(
     alert.refresh_from_db()
     assert alert.acked_by == oncall and alert.acked_at is not None
     assert AuditEntry.objects.filter(action="alert.acknowledge", actor=oncall.username).exists()
+
+
+def test_r8_3_operator_forces_a_fresh_start_and_sees_every_provider_eligible(
+    page_for, operator, frozen_segment, shots, live_server
+):
+    _thread, segment, _alert = frozen_segment
+    page = page_for(operator.username)
+    page.locator("#board").get_by_role("link", name=segment.key).first.click()
+    page.get_by_role("heading", name="Boundary actions").wait_for()
+    assert "frozen" in page.locator("main").inner_text()
+    shots(page, "1-frozen-segment")
+    page.get_by_role("link", name="Fresh start…").click()
+    page.get_by_label("Reason").fill("primary frozen on the customer's pasted report")
+    shots(page, "2-confirm-fresh-start")
+    page.get_by_role("button", name="Fresh start now").click()
+    page.get_by_text("every provider is eligible again").first.wait_for()
+    new_segment = services.open_segment(segment.thread)
+    assert new_segment.key != segment.key and new_segment.segment_no == 1
+    assert page.url.endswith(f"/segments/{new_segment.id}/")
+    states = page.locator("main .state").all_inner_texts()
+    assert "frozen" not in states and "cooling" not in states
+    assert "eligible" in states
+    shots(page, "3-new-segment-all-eligible")
+    page.get_by_role("link", name="Audit log").click()
+    log = page.locator("main").inner_text()
+    assert operator.username in log and "primary frozen on the customer's pasted report" in log
+    shots(page, "4-audit-log")
+
+
+def test_r8_4_manager_filters_a_week_sees_discrepancies_and_downloads_the_csv(
+    page_for, manager, shots, tmp_path
+):
+    import csv
+
+    now = clock.now()
+    Provider.objects.create(provider_id="primary", kind="scripted", model="primary-model")
+    thread = services.create_thread(provider_chain=["primary"], now=now)
+    run, _stage, _ = services.submit_run(thread, input="report please", now=now - timedelta(days=2))
+    services.commit_chunks(run, ["first part ", "second part"], now - timedelta(days=2))
+    services.settle(
+        run,
+        Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "The model completed its answer."),
+        now - timedelta(days=2),
+    )
+    page = page_for(manager.username)
+    page.get_by_role("link", name="Delivery report").click()
+    page.get_by_label("From (UTC)").fill((now - timedelta(days=6)).date().isoformat())
+    page.get_by_label("To (UTC, inclusive)").fill(now.date().isoformat())
+    page.get_by_role("button", name="Show report").click()
+    discrepancies = page.locator("#discrepancies")
+    discrepancies.get_by_text(str(run.id)[:8]).first.wait_for()
+    shots(page, "1-report-week")
+    with page.expect_download() as download_info:
+        page.get_by_role("link", name="Download CSV").click()
+    target = tmp_path / "report.csv"
+    download_info.value.save_as(target)
+    rows = list(csv.reader(target.open(newline="")))
+    flat = [cell for row in rows for cell in row]
+    assert str(run.id) in flat
+    assert any("never" in cell or "no_client_evidence" in cell for cell in flat)
