@@ -437,9 +437,14 @@ def turn_memory(provider_ids: Sequence[str], now: datetime) -> health_rules.Turn
 # --------------------------------------------------------------------------- health
 
 
-def _health_value(row: ProviderHealthState) -> health_rules.ProviderHealth:
+def provider_health(
+    provider: Provider, row: ProviderHealthState | None
+) -> health_rules.ProviderHealth:
+    """The breaker row as the pure value the health rules read (R2.2)."""
+    if row is None:
+        return health_rules.ProviderHealth(provider_id=provider.provider_id)
     return health_rules.ProviderHealth(
-        provider_id=row.provider.provider_id,
+        provider_id=provider.provider_id,
         breaker=row.breaker,
         consecutive_failures=row.consecutive_failures,
         trips=row.trips,
@@ -466,7 +471,7 @@ def health_verdicts(providers: Sequence[Provider], now: datetime) -> dict[str, A
         row, _ = ProviderHealthState.objects.select_related("provider").get_or_create(
             provider=provider
         )
-        value = _health_value(row)
+        value = provider_health(provider, row)
         if not provider.enabled:
             verdicts[provider.provider_id] = health_rules.HealthVerdict(
                 False, "disabled", None, "disabled by an administrator"
@@ -494,7 +499,7 @@ def record_provider_result(
             .select_related("provider")
             .get(pk=row.pk)
         )
-        value = _health_value(row)
+        value = provider_health(provider, row)
         if classification is None or classification.failure_class is None:
             new = health_rules.record_success(value, now)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import beat_init, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
@@ -31,3 +31,11 @@ def _record_worker_ready(sender=None, **_kwargs) -> None:
     from tasks.jobs import record_heartbeat
 
     record_heartbeat("worker", getattr(sender, "hostname", None))
+
+
+@beat_init.connect
+def _record_scheduler_start(sender=None, **_kwargs) -> None:
+    # The first scheduled heartbeat is one interval away; say "alive" now.
+    from tasks.jobs import record_heartbeat
+
+    record_heartbeat("scheduler", "beat (starting)")

@@ -123,7 +123,9 @@ def provider_board(now: datetime) -> list[ProviderBoard]:
         if row is None:
             board.append(ProviderBoard(provider, "closed", "no failures recorded", "", None))
             continue
-        verdict = health_verdict(services._health_value(row), now, provider.config_fingerprint())
+        verdict = health_verdict(
+            services.provider_health(provider, row), now, provider.config_fingerprint()
+        )
         board.append(
             ProviderBoard(
                 provider, verdict.state, verdict.reason, row.last_error, row.last_failure_at

@@ -20,7 +20,6 @@ from governance.health import (
     FAILURE_CLASSES,
     TIME_BASED_CLASSES,
     HealthVerdict,
-    ProviderHealth,
     health_verdict,
 )
 from governance.models import Provider, ProviderAttempt, ProviderHealthState, SegmentRefusal
@@ -86,23 +85,6 @@ class ProviderRow:
         return self.verdict.available
 
 
-def _health_value(provider: Provider, row: ProviderHealthState | None) -> ProviderHealth:
-    if row is None:
-        return ProviderHealth(provider_id=provider.provider_id)
-    return ProviderHealth(
-        provider_id=provider.provider_id,
-        breaker=row.breaker,
-        consecutive_failures=row.consecutive_failures,
-        trips=row.trips,
-        open_until=row.open_until,
-        last_failure_class=row.last_failure_class or None,
-        last_failure_at=row.last_failure_at,
-        disabled_config=row.disabled_config or None,
-        probe_lease_until=row.probe_lease_until,
-        last_success_at=row.last_success_at,
-    )
-
-
 def _row_for(provider: Provider, now: datetime) -> ProviderRow:
     try:
         health = provider.health
@@ -113,7 +95,7 @@ def _row_for(provider: Provider, now: datetime) -> ProviderRow:
         return ProviderRow(provider, health, verdict, "disabled", disabled_by="admin")
     try:
         verdict = health_verdict(
-            _health_value(provider, health), now, provider.config_fingerprint()
+            services.provider_health(provider, health), now, provider.config_fingerprint()
         )
     except (AssertionError, TypeError, ValueError) as exc:
         # A row the rules cannot read is shown as such, not hidden.

@@ -58,6 +58,7 @@ from governance.models import (
     Stage,
     Thread,
 )
+from governance.roles import ensure_roles
 
 TITLE_PREFIX = "demo:"
 SCENARIO_HOURS = 9
@@ -102,6 +103,7 @@ def ensure_demo_users(var_dir: Path) -> list[tuple[str, str, str]]:
     """
     user_model = get_user_model()
     users = []
+    ensure_roles()  # the groups with their permissions, even on a flushed database
     for username, group_name in DEMO_USERS:
         password_file = var_dir / f"{username}-password"
         if password_file.exists():

@@ -50,4 +50,5 @@ class Command(BaseCommand):
             KnowledgeDocument.objects.update_or_create(
                 title=title, defaults={"body": body, "tags": tags}
             )
-        self.stdout.write("Demo providers: scripted-primary, scripted-backup.")
+        if options["verbosity"] > 0:
+            self.stdout.write("Demo providers: scripted-primary, scripted-backup.")
