@@ -35,5 +35,6 @@ def providers(request: HttpRequest) -> HttpResponse:
             "recent_hours": int(queries.RECENT.total_seconds() // 3600),
             "rule_text": RULE_TEXT,
             "boundary_actions": BOUNDARY_ACTIONS_TEXT,
+            "alert_channels": queries.alert_channel_rows(now),
         },
     )

@@ -204,6 +204,24 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"expires": 600},
     },
+    # R7.3: completion callbacks whose retry is due (or whose worker died).
+    "callback-retries": {
+        "task": "tasks.callbacks.resend_due_callbacks",
+        "schedule": float(env_int("GOVERNANCE_CALLBACK_RETRY_SECONDS", 15, minimum=1)),
+        "options": {"expires": 60},
+    },
+    # R8.2: outbound alerts whose retry is due (or whose publish was lost).
+    "deliver-alerts": {
+        "task": "tasks.alerts.deliver_due",
+        "schedule": float(env_int("GOVERNANCE_ALERT_SWEEP_SECONDS", 15, minimum=1)),
+        "options": {"expires": 60},
+    },
+    # R8.2: re-notify unacknowledged critical alerts to the next tier.
+    "escalate-alerts": {
+        "task": "tasks.alerts.escalate_alerts",
+        "schedule": float(env_int("GOVERNANCE_ESCALATION_CHECK_SECONDS", 60, minimum=1)),
+        "options": {"expires": 120},
+    },
 }
 
 # --- Governance rules ---
@@ -211,6 +229,18 @@ CELERY_BEAT_SCHEDULE = {
 GOVERNANCE_REFUSAL_REPROBE_DELAYS = env_durations("GOVERNANCE_REFUSAL_REPROBE_DELAYS", "15m,1h,6h")
 # Rehearsals move the shared clock of every process (manage.py clock advance 15m).
 GOVERNANCE_CLOCK_ADJUSTABLE = env_bool("GOVERNANCE_CLOCK_ADJUSTABLE", False)
+# R7.3 completion callbacks: HMAC-SHA256 key (no production default), retry policy.
+GOVERNANCE_CALLBACK_SECRET = env_secret(
+    "GOVERNANCE_CALLBACK_SECRET",
+    required=not DEBUG,
+    dev_default="dev-only-callback-secret-do-not-use-in-production",
+)
+GOVERNANCE_CALLBACK_MAX_ATTEMPTS = env_int("GOVERNANCE_CALLBACK_MAX_ATTEMPTS", 8, minimum=1)
+GOVERNANCE_CALLBACK_BACKOFF_SECONDS = env_int("GOVERNANCE_CALLBACK_BACKOFF_SECONDS", 10, minimum=1)
+GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS = env_int(
+    "GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS", 3600, minimum=1
+)
+GOVERNANCE_CALLBACK_TIMEOUT_SECONDS = env_int("GOVERNANCE_CALLBACK_TIMEOUT_SECONDS", 10, minimum=1)
 RUN_DEFAULT_DEADLINE_S = env_int("GOVERNANCE_RUN_DEADLINE_SECONDS", 1800, minimum=1)
 RUN_DEFAULT_STAGE_BUDGET_S = env_int("GOVERNANCE_STAGE_BUDGET_SECONDS", 180, minimum=1)
 RUN_DEFAULT_NO_PROGRESS_S = env_int("GOVERNANCE_NO_PROGRESS_SECONDS", 300, minimum=1)
@@ -222,6 +252,32 @@ RUN_DEFAULT_BUDGET = {
     "body_revisions": env_int("GOVERNANCE_BUDGET_BODY_REVISIONS", 50, minimum=1),
     "output_reserve": env_int("GOVERNANCE_BUDGET_OUTPUT_RESERVE", 2, minimum=0),
 }
+
+# --- Alert channels (R3.6, R8.2; governance/services_alerts.py, tasks/alerts.py) ---
+# An unacknowledged critical alert re-notifies the next tier this often.
+GOVERNANCE_ESCALATION_MINUTES = env_int("GOVERNANCE_ESCALATION_MINUTES", 15, minimum=1)
+# Transient failures (429, 5xx, network) retry with capped exponential backoff.
+GOVERNANCE_ALERT_RETRY_BASE_SECONDS = env_int("GOVERNANCE_ALERT_RETRY_BASE_SECONDS", 30, minimum=1)
+GOVERNANCE_ALERT_RETRY_MAX_SECONDS = env_int("GOVERNANCE_ALERT_RETRY_MAX_SECONDS", 3600, minimum=1)
+GOVERNANCE_ALERT_MAX_ATTEMPTS = env_int("GOVERNANCE_ALERT_MAX_ATTEMPTS", 12, minimum=1)
+# A delivery left "sending" this long belongs to a worker that died.
+GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS = env_int(
+    "GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS", 300, minimum=30
+)
+# Links in outbound alerts point here.
+GOVERNANCE_DASHBOARD_URL = env_str("GOVERNANCE_DASHBOARD_URL") or "http://localhost:8000"
+
+# E-mail channels use Django's backend: the console in development (mail is
+# printed), SMTP when configured; Django's test environment swaps in locmem.
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND") or "django.core.mail.backends.console.EmailBackend"
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST") or "localhost"
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER") or ""
+EMAIL_HOST_PASSWORD = env_secret("DJANGO_EMAIL_HOST_PASSWORD", required=False) or ""
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("DJANGO_EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("DJANGO_EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL") or "agent-governance@localhost"
 
 # --- OpenTelemetry (tasks/telemetry.py) ---
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME") or "agent-governance"

@@ -10,6 +10,7 @@ from dashboard import (
     report_views,
     run_views,
     segment_views,
+    stream_views,
     views,
 )
 
@@ -21,6 +22,8 @@ api_patterns = [
     path("api/v1/threads/<str:thread_id>/boundaries", api.apply_boundary, name="api-boundaries"),
     path("api/v1/runs/<str:run_id>", api.run_detail, name="api-run"),
     path("api/v1/runs/<str:run_id>/cancel", api.cancel_run, name="api-run-cancel"),
+    path("api/v1/runs/<str:run_id>/events", stream_views.run_events, name="api-run-events"),
+    path("api/v1/runs/<str:run_id>/acks", stream_views.run_acks, name="api-run-acks"),
 ]
 
 urlpatterns = [
@@ -37,6 +40,8 @@ urlpatterns = [
     ),
     path("runs/", run_views.runs, name="runs"),
     path("runs/<uuid:run_id>/", run_views.run_detail, name="run"),
+    path("runs/<uuid:run_id>/watch", stream_views.watch, name="run-watch"),
+    path("runs/<uuid:run_id>/stop", stream_views.watch_stop, name="run-stop"),
     path("reports/delivery/", report_views.delivery_report, name="report"),
     path("reports/delivery.csv", report_views.delivery_report_csv, name="report-csv"),
     path("providers/", provider_views.providers, name="providers"),

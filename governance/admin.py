@@ -1,6 +1,8 @@
+from django import forms
 from django.contrib import admin
 
 from governance.models import (
+    AlertChannel,
     ApiToken,
     AuditEntry,
     KnowledgeDocument,
@@ -52,3 +54,94 @@ class AuditEntryAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "user", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("key_digest", "created_at", "last_used_at")
+
+
+class AlertChannelForm(forms.ModelForm):
+    class Meta:
+        model = AlertChannel
+        fields = (
+            "name",
+            "kind",
+            "target",
+            "routing_key_env",
+            "escalation_order",
+            "daily_budget",
+            "enabled",
+        )
+        help_texts = {
+            "target": (
+                "Webhook and Slack: the URL to POST to. E-mail: addresses, comma-separated. "
+                "PagerDuty: the Events API v2 URL (empty = https://events.pagerduty.com/v2/enqueue)."
+            ),
+            "routing_key_env": (
+                "PagerDuty only: the NAME of the environment variable that holds the "
+                "integration (routing) key — never the key itself."
+            ),
+            "escalation_order": (
+                "Channels with the lowest number hear every alert first; an unacknowledged "
+                "critical alert is re-sent to the next number up every "
+                "GOVERNANCE_ESCALATION_MINUTES (default 15), until someone acknowledges it."
+            ),
+            "daily_budget": (
+                "Normal (non-critical) pushes per UTC day; the rest are dropped and recorded. "
+                "Critical alerts bypass it (R3.6)."
+            ),
+            "enabled": (
+                "A permanent delivery failure (4xx, bad configuration) turns this off and says "
+                "why below; fix the channel and tick it again."
+            ),
+        }
+        widgets = {"target": forms.TextInput(attrs={"size": 80})}
+
+    def clean(self):
+        data = super().clean()
+        kind, target = data.get("kind"), (data.get("target") or "").strip()
+        if kind in (AlertChannel.Kind.WEBHOOK, AlertChannel.Kind.SLACK) and not target.startswith(
+            ("http://", "https://")
+        ):
+            self.add_error("target", "give the http(s) URL to POST to")
+        if kind == AlertChannel.Kind.EMAIL:
+            addresses = [a.strip() for a in target.split(",") if a.strip()]
+            if not addresses:
+                self.add_error("target", "give at least one e-mail address")
+            for address in addresses:
+                try:
+                    forms.EmailField().clean(address)
+                except forms.ValidationError:
+                    self.add_error("target", f"{address!r} is not an e-mail address")
+        if kind == AlertChannel.Kind.PAGERDUTY and not (data.get("routing_key_env") or "").strip():
+            self.add_error("routing_key_env", "name the environment variable with the routing key")
+        return data
+
+
+@admin.register(AlertChannel)
+class AlertChannelAdmin(admin.ModelAdmin):
+    form = AlertChannelForm
+    list_display = (
+        "name",
+        "kind",
+        "escalation_order",
+        "daily_budget",
+        "state",
+        "disabled_at",
+    )
+    list_filter = ("kind", "enabled")
+    search_fields = ("name", "target")
+    readonly_fields = ("disabled_reason", "disabled_at", "created_at")
+    fieldsets = (
+        (None, {"fields": ("name", "kind", "target", "routing_key_env")}),
+        ("Routing", {"fields": ("escalation_order", "daily_budget")}),
+        ("State", {"fields": ("enabled", "disabled_reason", "disabled_at", "created_at")}),
+    )
+
+    @admin.display(description="State")
+    def state(self, obj: AlertChannel) -> str:
+        if obj.enabled:
+            return "enabled"
+        return f"disabled: {obj.disabled_reason}" if obj.disabled_reason else "disabled"
+
+    def save_model(self, request, obj, form, change):
+        if obj.enabled and (obj.disabled_reason or obj.disabled_at):
+            # Re-enabled by a person: the old failure no longer describes it.
+            obj.disabled_reason, obj.disabled_at = "", None
+        super().save_model(request, obj, form, change)

@@ -318,6 +318,10 @@ class Notification(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     acked_at = models.DateTimeField(null=True, blank=True)
+    # R8.2: escalation while unacknowledged; a boundary resolves the segment's alerts.
+    escalation_level = models.PositiveSmallIntegerField(default=0)
+    last_escalated_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -463,3 +467,105 @@ class SpanRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["trace_id", "span_id"], name="span_identity")
         ]
+
+
+class AlertChannel(models.Model):
+    """An outbound channel for notifications (R8.2), configured in the admin."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook", "Generic webhook (JSON)"
+        SLACK = "slack", "Slack-compatible incoming webhook"
+        EMAIL = "email", "E-mail"
+        PAGERDUTY = "pagerduty", "PagerDuty Events API v2"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # Webhook/Slack: the URL; e-mail: comma-separated addresses; PagerDuty: the
+    # Events API URL (empty = PagerDuty's default).
+    target = models.CharField(max_length=500, blank=True)
+    # PagerDuty integration key, read from the environment variable with this name.
+    routing_key_env = models.CharField(max_length=100, blank=True)
+    # Escalation goes to channels in this order (lowest first).
+    escalation_order = models.PositiveSmallIntegerField(default=0)
+    daily_budget = models.PositiveIntegerField(
+        default=50, help_text="non-critical pushes per UTC day; critical ones bypass it (R3.6)"
+    )
+    enabled = models.BooleanField(default=True)
+    disabled_reason = models.TextField(blank=True)  # set when a permanent failure disabled it
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["escalation_order", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class NotificationDelivery(models.Model):
+    """One notification event to one channel: the outbox row (exactly once per key)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        SENDING = "sending"  # the attempt is written before the effect
+        DELIVERED = "delivered"
+        RETRY = "retry"
+        FAILED = "failed"  # permanent: the channel was disabled
+        DROPPED = "dropped"  # over the daily budget for non-critical pushes
+
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=32)  # trigger / acknowledge / resolve / escalate-N
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["notification", "channel", "event"], name="delivery_once"
+            )
+        ]
+
+
+class RunCallback(models.Model):
+    """The completion callback of a run: attempt written before the call (R7.3)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        SENDING = "sending"
+        DELIVERED = "delivered"
+        RETRY = "retry"
+        FAILED = "failed"
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="callback")
+    url = models.URLField()
+    idempotency_key = models.CharField(max_length=100, unique=True)
+    payload = models.JSONField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+
+class RunViewer(models.Model):
+    """A browser connection observing a run (R7.1): it is not the run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="viewers")
+    connection_id = models.CharField(max_length=64, unique=True)
+    state = models.CharField(max_length=16, default="running")  # running / detached
+    connected_at = models.DateTimeField()
+    disconnected_at = models.DateTimeField(null=True, blank=True)
+    last_event_id = models.PositiveIntegerField(default=0)

@@ -305,6 +305,22 @@ def refusal_notice(
     return notices[0] if notices else None
 
 
+def every_provider_frozen(
+    provider_ids: Sequence[str],
+    refusals: Mapping[str, ProviderRefusal],
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> bool:
+    """R6.3: only a boundary can help — every provider of the chain is frozen.
+
+    Cooling providers come back by themselves, so a segment where any is
+    cooling (or eligible) does not call for a person.
+    """
+    return bool(provider_ids) and all(
+        refusal_verdict(refusals.get(pid), now, delays).state == "frozen" for pid in provider_ids
+    )
+
+
 # --- the llm-fallback card is the store of R3.2 state (R3.5) ---------------
 
 

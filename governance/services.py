@@ -23,6 +23,7 @@ from governance import budget as budget_rules
 from governance import health as health_rules
 from governance import lifecycle as lc
 from governance import segments as segment_rules
+from governance import services_alerts
 from governance.models import (
     AuditEntry,
     BodyChunk,
@@ -267,6 +268,7 @@ def apply_boundary(
             closed_at=now, closed_kind=kind.value, closed_by=by, close_reason=reason.strip()
         )
         opened = _open_segment(thread, session, transition.opened.segment_no, new_config, now)
+        services_alerts.segment_closed(current, now)  # the boundary resolves its alerts (R8.2)
         Segment.objects.filter(pk=current.pk).update(next_segment=opened)
         Thread.objects.filter(pk=thread.pk).update(
             model=new_config.model,
@@ -351,18 +353,17 @@ def emit_notice(notice, segment: Segment | None) -> tuple[Notification, bool]:
     """R3.6: the same dedupe key is never emitted twice (a repeat is a no-op)."""
     try:
         with transaction.atomic():
-            return (
-                Notification.objects.create(
-                    dedupe_key=notice.dedupe_key,
-                    severity=notice.severity,
-                    text=notice.text,
-                    segment=segment,
-                    provider_ids=list(notice.provider_ids),
-                    reprobes=notice.reprobes,
-                    created_at=notice.created_at,
-                ),
-                True,
+            notification = Notification.objects.create(
+                dedupe_key=notice.dedupe_key,
+                severity=notice.severity,
+                text=notice.text,
+                segment=segment,
+                provider_ids=list(notice.provider_ids),
+                reprobes=notice.reprobes,
+                created_at=notice.created_at,
             )
+            services_alerts.notification_created(notification)  # outbox rows (R8.2)
+            return notification, True
     except IntegrityError:
         return Notification.objects.get(dedupe_key=notice.dedupe_key), False
 
@@ -1062,4 +1063,5 @@ def acknowledge_notification(
             detail={"dedupe_key": notification.dedupe_key, "severity": notification.severity},
             now=now,
         )
+        services_alerts.notification_acknowledged(notification, now)  # stops escalation
     return notification, bool(changed)

@@ -15,7 +15,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
 app = Celery("governance")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.include = ["tasks.jobs", "tasks.runner", "tasks.span_store"]
+app.conf.include = [
+    "tasks.jobs",
+    "tasks.runner",
+    "tasks.span_store",
+    "tasks.callbacks",
+    "tasks.alerts",
+]
 
 
 @worker_process_init.connect

@@ -19,13 +19,14 @@ from typing import Any
 
 from celery import shared_task
 from django.db import transaction
+from django.db.models import Q
 
 from governance import clock, services
 from governance import clocks as clock_rules
 from governance import lifecycle as lc
 from governance.health import Classification, classify_attempt
 from governance.models import Provider, Run, Stage, ToolReceipt
-from governance.refusal import RULE_TEXT, refusal_verdict
+from governance.refusal import RULE_TEXT, every_provider_frozen, refusal_verdict
 from governance.routing import (
     AttemptOutcome,
     Candidate,
@@ -58,6 +59,10 @@ FINALIZE_INSTRUCTION = (
     "not done or not confirmed."
 )
 WITHHELD_PLACEHOLDER = "(The newest input was withheld after a content refusal.)"
+
+
+class StaleClaim(Exception):
+    """Another worker holds (or finished) this stage: this execution's facts are void."""
 
 
 @shared_task(name="tasks.runner.execute_stage", ignore_result=True, acks_late=True)
@@ -101,7 +106,14 @@ def run_stage(stage_id: int) -> str:
         stage_kind=stage.kind,
         started_at=stage.started_at,
     ) as execution:
-        result = StageExecution(run, stage).execute()
+        try:
+            result = StageExecution(run, stage).execute()
+        except StaleClaim as exc:
+            log.warning("%s", exc)
+            result = "superseded"
+        except Exception as exc:  # R4.2: a local failure is a fact, not a veto
+            log.exception("stage %s failed", stage.id)
+            result = _record_local_failure(run, stage, exc)
         finished = Stage.objects.get(id=stage.id)
         end = finished.finished_at or clock.now()
         execution.set_attributes(
@@ -114,6 +126,33 @@ def run_stage(stage_id: int) -> str:
         execution.end(end)
     spans.observe_clocks(stage.kind, finished.clocks or {})
     return result
+
+
+def _record_local_failure(run: Run, stage: Stage, exc: Exception) -> str:
+    """An unexpected error in one stage is that stage's failed operation (R4.1,
+    R4.2): recorded as a fact, the stage closed, the lifecycle decides."""
+    execution = StageExecution(Run.objects.get(id=run.id), Stage.objects.get(id=stage.id))
+    now = clock.now()
+    words = f"{type(exc).__name__}: {exc}"[:500]
+    model_stage = stage.kind in (Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION)
+    try:
+        with transaction.atomic():
+            if model_stage:
+                # No answer came out of this turn: end boundedly and say so (R4.4).
+                execution._fact(
+                    lc.Owner.PROVIDER, lc.FactKind.TURN_WITHOUT_PROGRESS, stage.kind, now,
+                    detail=f"internal error: {words}",
+                )  # fmt: skip
+            else:
+                execution._fact(
+                    lc.Owner.EXECUTOR, lc.FactKind.OPERATION_FAILED, f"{stage.kind}:{stage.seq}",
+                    now, detail=words,
+                )  # fmt: skip
+            execution._finish("error", now, detail=words)
+            execution._decide(now)
+    except StaleClaim:
+        return "superseded"
+    return "error"
 
 
 def _lease() -> timedelta:
@@ -206,6 +245,8 @@ class StageExecution:
     def __init__(self, run: Run, stage: Stage | None) -> None:
         self.run = run
         self.stage = stage
+        self.claim = stage.claimed_at if stage is not None else None
+        self.turn_segment = None  # the segment a model turn ran in
         self.new_stages: list[Stage] = []
         self.countdowns: dict[int, float] = {}
 
@@ -237,8 +278,19 @@ class StageExecution:
         services.record_fact(self.run, lc.OwnerFact(owner, kind, subject, **extra), now, self.stage)
 
     def _finish(self, outcome: str, now: datetime, *, timeout: str = "", detail: str = ""):
-        self.run.refresh_from_db(fields=["last_progress_at"])
         stage = self.stage
+        if stage is not None:
+            # Fencing: only the holder of the current claim may close the stage.
+            # A worker whose lease ran out while it waited on a provider finds
+            # another claim here, and its whole closing transaction rolls back.
+            held = (
+                Stage.objects.select_for_update()
+                .filter(id=stage.id, finished_at__isnull=True, claimed_at=self.claim)
+                .exists()
+            )
+            if not held:
+                raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
+        self.run.refresh_from_db(fields=["last_progress_at"])
         stage.finished_at = now
         services.finish_stage(
             stage,
@@ -288,6 +340,14 @@ class StageExecution:
             assert decision.settlement is not None
             _row, created = services.settle(run, decision.settlement, now)
             if created:
+                # R7.3: the callback row is written with the settlement (same
+                # transaction) and published only once both are committed.
+                from governance import services_callbacks
+                from tasks.callbacks import deliver_callback
+
+                callback = services_callbacks.create_for_settlement(run, _row, now)
+                if callback is not None:
+                    transaction.on_commit(lambda cid=callback.id: deliver_callback.delay(cid))
                 if decision.critical_alert:
                     self._no_provider_alert(decision, now)
                 spans.end_run_span(
@@ -336,14 +396,13 @@ class StageExecution:
         """
         from governance.refusal import Notice
 
-        segment = services.open_segment(self.run.thread)
-        refusals = services.segment_refusals(segment)
-        frozen = {
-            provider_id
-            for provider_id, refusal in refusals.items()
-            if refusal_verdict(refusal, now, services.reprobe_delays()).state == "frozen"
-        }
-        if not set(segment.thread.provider_chain) <= frozen:
+        segment = self.turn_segment or services.open_segment(self.run.thread)
+        if not every_provider_frozen(
+            segment.thread.provider_chain,
+            services.segment_refusals(segment),
+            now,
+            services.reprobe_delays(),
+        ):
             return
         notice = Notice(
             dedupe_key=f"no-eligible-provider:{segment.key}",
@@ -365,7 +424,7 @@ class StageExecution:
     def _model_turn(self) -> str:
         run, stage = self.run, self.stage
         final = stage.kind == Stage.Kind.FINALIZATION
-        segment = services.open_segment(run.thread)
+        segment = self.turn_segment = services.open_segment(run.thread)
         session = segment.session
         history = [
             {
@@ -441,7 +500,7 @@ class StageExecution:
                 tools=tools,
                 idempotency_key=f"{run.id}:{stage.id}:{provider.provider_id}:{kind}:{step}",
             )
-            limits = _limits(run, now)
+            limits = _limits(run, now, stage)
             with spans.attempt_span(
                 provider_id=provider.provider_id,
                 kind=kind,
@@ -614,6 +673,7 @@ class StageExecution:
                             ],
                             "index": 0,
                             "results": [],
+                            "turn_stage": stage.id,
                         },
                     }
                 elif response.text.strip():
@@ -725,7 +785,10 @@ class StageExecution:
         run, stage = self.run, self.stage
         payload = stage.payload
         call = payload["calls"][payload["index"]]
-        key = f"run:{run.id}:call:{call['id']}"
+        # Call ids are not unique (servers may omit them, scripts fix them):
+        # the key names the turn that asked and the call's position in it.
+        turn = payload.get("turn_stage", stage.id)
+        key = f"run:{run.id}:turn{turn}:{payload['index']}:{call['id']}"
         now = clock.now()
         receipt, created = services.open_receipt(
             run,
@@ -738,7 +801,11 @@ class StageExecution:
         )
         if not created and receipt.effect != ToolReceipt.Effect.PENDING:
             effect, output, error = receipt.effect, receipt.result, receipt.error  # read back
-        elif not created and call["name"] in EXTERNAL_TOOLS and not payload.get("replay"):
+        elif (
+            not created
+            and call["name"] in EXTERNAL_TOOLS
+            and (not payload.get("replay") or stage.deliveries > 1)
+        ):
             # A previous delivery may have performed the effect: never replay blindly.
             effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
             services.close_receipt(receipt, effect=effect, output=output, error=error, now=now)
@@ -912,12 +979,17 @@ def _config(provider: Provider) -> ProviderConfig:
     )
 
 
-def _limits(run: Run, now: datetime) -> CallLimits:
+def _limits(run: Run, now: datetime, stage: Stage | None = None) -> CallLimits:
     budget = clock_rules.stage_budget(timedelta(seconds=run.stage_budget_s), now, run.deadline_at)
     run.refresh_from_db(fields=["last_progress_at"])
     # The no-progress clock runs from the run's latest business progress, not
-    # from this attempt: the adapter gets what is left of the allowance.
-    idle = (now - max(run.last_progress_at, run.created_at)).total_seconds()
+    # from this attempt: the adapter gets what is left of the allowance. The
+    # one finalization, entered because progress stopped, gets its own
+    # allowance from its start (still capped by the deadline above).
+    since = max(run.last_progress_at, run.created_at)
+    if stage is not None and stage.kind == Stage.Kind.FINALIZATION and stage.started_at:
+        since = max(since, stage.started_at)
+    idle = (now - since).total_seconds()
     return CallLimits(
         budget_s=max(budget.total_seconds(), 0.001),
         no_progress_s=max(run.no_progress_limit_s - idle, 0.001),
@@ -973,6 +1045,12 @@ def watchdog_pass(*, stale_after: timedelta = timedelta(minutes=2)) -> dict[str,
         )
         open_stages = run.stages.filter(finished_at__isnull=True)
         held = open_stages.filter(claimed_at__gte=now - lease).exists()
+        if (
+            verdict is not None
+            and verdict.name == "no_progress"
+            and run.events.filter(kind="fact", metadata__kind="no_progress_timeout").exists()
+        ):
+            verdict = None  # already decided (finalization or settlement); not twice
         if verdict is not None and not held:
             with transaction.atomic():
                 locked = Run.objects.select_for_update().get(id=run.id)
@@ -996,7 +1074,12 @@ def watchdog_pass(*, stale_after: timedelta = timedelta(minutes=2)) -> dict[str,
                 execution._decide(now)
             breached += 1
             continue
-        stale = open_stages.filter(claimed_at__isnull=True, enqueued_at__lt=now - stale_after)
+        # Lost publishes, and stages whose worker died holding them (its
+        # redelivery came back while the lease still ran, and was dropped).
+        stale = open_stages.filter(
+            Q(claimed_at__isnull=True, enqueued_at__lt=now - stale_after)
+            | Q(claimed_at__lt=now - lease)
+        )
         for stage in stale:
             execute_stage.delay(stage.id)
             republished += 1

@@ -1,4 +1,4 @@
-"""Reads for the Providers page (R2.1–R2.3, R3.6, R8.1). Read-only.
+"""Reads for the Providers page (R2.1–R2.3, R3.6, R8.1, R8.2). Read-only.
 
 The breaker verdict is computed like ``governance.services.health_verdicts``
 (the rule ``governance.health.health_verdict`` with the provider's
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from governance import services
 from governance.health import (
@@ -22,7 +22,14 @@ from governance.health import (
     HealthVerdict,
     health_verdict,
 )
-from governance.models import Provider, ProviderAttempt, ProviderHealthState, SegmentRefusal
+from governance.models import (
+    AlertChannel,
+    NotificationDelivery,
+    Provider,
+    ProviderAttempt,
+    ProviderHealthState,
+    SegmentRefusal,
+)
 from governance.refusal import ProviderRefusal, refusal_verdict
 
 RECENT = timedelta(hours=24)
@@ -192,3 +199,68 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
         row = by_id[provider_id]
         row.segments = segments[:MAX_SEGMENTS_SHOWN]
         row.more_segments = max(0, len(segments) - MAX_SEGMENTS_SHOWN)
+
+
+# --- alert channels (R8.2): a channel a permanent failure disabled stays visible ---
+
+
+@dataclass
+class AlertChannelRow:
+    channel: AlertChannel
+    state: str  # enabled / disabled
+    disabled_by: str = ""  # "failure" (with the reason) or "admin"
+    delivered_24h: int = 0
+    waiting: int = 0  # pending, retrying or in flight
+    failed_24h: int = 0
+    dropped_today: int = 0  # over the daily budget of non-critical pushes
+    last_error: str = ""
+
+
+def alert_channel_rows(now: datetime) -> list[AlertChannelRow]:
+    """Every alert channel with its state and delivery counts (two queries)."""
+    State = NotificationDelivery.State
+    channels = list(AlertChannel.objects.order_by("escalation_order", "name"))
+    if not channels:
+        return []
+    since, day = now - RECENT, now.replace(hour=0, minute=0, second=0, microsecond=0)
+    counts = (
+        NotificationDelivery.objects.filter(channel__in=channels)
+        .values("channel_id")
+        .annotate(
+            delivered=Count("id", filter=Q(state=State.DELIVERED, delivered_at__gte=since)),
+            waiting=Count("id", filter=Q(state__in=(State.PENDING, State.RETRY, State.SENDING))),
+            failed=Count("id", filter=Q(state=State.FAILED, created_at__gte=since)),
+            dropped=Count("id", filter=Q(state=State.DROPPED, created_at__gte=day)),
+        )
+        .order_by()
+    )
+    by_channel = {item["channel_id"]: item for item in counts}
+    last_errors = {
+        channel.id: NotificationDelivery.objects.filter(
+            channel=channel, state__in=(State.FAILED, State.RETRY)
+        )
+        .exclude(last_error="")
+        .order_by("-id")
+        .values_list("last_error", flat=True)
+        .first()
+        or ""
+        for channel in channels  # channels are few
+    }
+    rows = []
+    for channel in channels:
+        item = by_channel.get(channel.id, {})
+        rows.append(
+            AlertChannelRow(
+                channel=channel,
+                state="enabled" if channel.enabled else "disabled",
+                disabled_by=""
+                if channel.enabled
+                else ("failure" if channel.disabled_reason else "admin"),
+                delivered_24h=item.get("delivered", 0),
+                waiting=item.get("waiting", 0),
+                failed_24h=item.get("failed", 0),
+                dropped_today=item.get("dropped", 0),
+                last_error=last_errors.get(channel.id, ""),
+            )
+        )
+    return rows

@@ -2,8 +2,8 @@
 
 Counts are grouped in the database. Discrepancies are judged per run by the pure
 rules in ``governance.publication`` (never re-implemented here): the facts of every
-run in the window are read in three queries (settlements, body chunks, unknown
-tool receipts), whatever the number of runs.
+run in the window are read in four queries (settlements, body chunks, unknown
+tool receipts, completion callback records), whatever the number of runs.
 
 Definitions shared by the database counts and the per-run facts, so both agree:
 
@@ -37,7 +37,14 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, TruncDate
 
-from governance.models import BodyChunk, Provider, ProviderAttempt, Settlement, ToolReceipt
+from governance.models import (
+    BodyChunk,
+    Provider,
+    ProviderAttempt,
+    RunCallback,
+    Settlement,
+    ToolReceipt,
+)
 from governance.publication import (
     CallbackStatus,
     ChunkFacts,
@@ -111,23 +118,74 @@ class CallbackView:
 
 
 def callback_statuses(callback_urls: Mapping[UUID, str]) -> dict[UUID, CallbackView]:
-    """R7.4: the completion callback status of each run, by run id.
+    """R7.4: the completion callback status of each run, by run id (one query).
 
-    Completion callbacks are not sent yet (a later issue): a run without a
-    callback URL has none; with one, its callback is pending ("not sent yet"),
-    which is not a disagreement. This is the one place to plug the real
-    delivery records in, batched by run id so the report stays at a fixed
-    number of queries.
+    From the ``RunCallback`` delivery records: delivered (with the outcome the
+    receiver was told, read from the payload it got), failed (never delivered),
+    or pending while attempts are in flight or scheduled. A run without a
+    callback URL has none; a URL without a record (settled before callbacks
+    were sent) is "not sent yet". Neither pending state is a disagreement.
     """
+    records = {
+        row["run_id"]: row
+        for row in RunCallback.objects.filter(run_id__in=list(callback_urls)).values(
+            "run_id", "state", "attempts", "payload", "status_code", "last_error",
+            "next_attempt_at", "delivered_at",
+        )
+    }  # fmt: skip
     views = {}
     for run_id, url in callback_urls.items():
-        if url:
+        record = records.get(run_id)
+        if record is not None:
+            views[run_id] = _callback_view(record)
+        elif url:
             views[run_id] = CallbackView(
                 CallbackStatus.PENDING, "not sent yet", "a callback URL is set; nothing sent yet"
             )
         else:
             views[run_id] = CallbackView(CallbackStatus.NONE, "none", "no callback configured")
     return views
+
+
+_DELIVERED = {
+    SettlementOutcome.COMPLETED.value: CallbackStatus.DELIVERED_COMPLETED,
+    SettlementOutcome.PARTIAL.value: CallbackStatus.DELIVERED_PARTIAL,
+    SettlementOutcome.FAILED.value: CallbackStatus.DELIVERED_FAILED,
+    SettlementOutcome.CANCELLED.value: CallbackStatus.DELIVERED_CANCELLED,
+}
+
+
+def _callback_view(record: Mapping[str, Any]) -> CallbackView:
+    state, attempts = record["state"], record["attempts"]
+    told = (record["payload"] or {}).get("outcome", "")
+    if state == RunCallback.State.DELIVERED:
+        status = _DELIVERED.get(told)
+        if status is None:  # a payload outside R6.5: we cannot say what it told
+            return CallbackView(
+                CallbackStatus.DELIVERY_FAILED,
+                "delivered (unreadable)",
+                f"delivered after {attempts} attempt(s), but its outcome {told!r} is unknown",
+            )
+        return CallbackView(
+            status,
+            f"delivered: {told}",
+            f"the receiver was told {told!r} (HTTP {record['status_code']}, attempt {attempts})",
+        )
+    if state == RunCallback.State.FAILED:
+        return CallbackView(
+            CallbackStatus.DELIVERY_FAILED,
+            "failed",
+            f"never delivered after {attempts} attempt(s): {record['last_error'] or 'no detail'}",
+        )
+    if state == RunCallback.State.RETRY:
+        note = (
+            f"attempt {attempts} failed ({record['last_error'] or 'no detail'}); "
+            f"next at {record['next_attempt_at']:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        return CallbackView(CallbackStatus.PENDING, "pending (retrying)", note)
+    if state == RunCallback.State.SENDING:
+        return CallbackView(CallbackStatus.PENDING, "pending (sending)", f"attempt {attempts}")
+    return CallbackView(CallbackStatus.PENDING, "pending", "queued, not attempted yet")
 
 
 # --------------------------------------------------------------------------- base query
@@ -331,7 +389,7 @@ def judge_run(
 
 
 def run_deliveries(query: ReportQuery) -> Iterator[RunDelivery]:
-    """Every settled run of the window, newest first. Three queries in all."""
+    """Every settled run of the window, newest first. Four queries in all."""
     base = settlements(query)
     run_ids = base.values("run_id")
     chunks: dict[UUID, list[ChunkRow]] = defaultdict(list)

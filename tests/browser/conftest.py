@@ -20,8 +20,10 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Module scope: Playwright's sync API keeps an event loop running in this
+    # thread while it is open, which breaks async views tested after it.
     from playwright.sync_api import sync_playwright
 
     assert shutil.which(CHROMIUM) or Path(CHROMIUM).exists(), (

@@ -331,3 +331,17 @@ def test_r2_2_providers_are_paginated(client, oncall):
     assert "Page 1 of 2 (27 in all)" in body
     second = client.get(reverse("providers"), {"page": 2}).content.decode()
     assert second.count('<article id="provider-') == 2
+
+
+def test_r8_2_a_disabled_alert_channel_is_visible_on_the_providers_page(client, oncall):
+    from governance.models import AlertChannel
+
+    AlertChannel.objects.create(name="ops-hook", kind="webhook", target="http://127.0.0.1:9/x")
+    AlertChannel.objects.create(
+        name="pager", kind="pagerduty", enabled=False,
+        disabled_reason="HTTP 400: invalid routing key", disabled_at=clock.now(),
+    )  # fmt: skip
+    client.force_login(oncall)
+    body = client.get(reverse("providers")).content.decode()
+    assert "ops-hook" in body and "pager" in body
+    assert "invalid routing key" in body

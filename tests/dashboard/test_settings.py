@@ -38,6 +38,7 @@ def test_check_deploy_passes_with_debug_off_and_real_secrets(tmp_path: Path):
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": "q3Lr9v!Zp0sW7kT2mN8bX4cY6hJ1gF5dS-aE_uR+oI=lK^zV&Hy2Wc7Qe5Bn0Tm",
             "DJANGO_ALLOWED_HOSTS": "governance.example.com",
+            "GOVERNANCE_CALLBACK_SECRET": "cb-9f2Kx7Lq3Vm8Rt1Wz5Yp0Hs4Nd6Jg2Ba",
         },
         tmp_path=tmp_path,
     )

@@ -19,6 +19,7 @@ from governance.refusal import (
     RefusalVerdict,
     card_entry,
     epoch_ms,
+    every_provider_frozen,
     parse_segment_key,
     record_refusal,
     refusal_from_card,
@@ -376,3 +377,13 @@ def test_r3_6_public_signature_accepts_keywords():
     assert notice is not None and notice.dedupe_key == "provider-refusal:s#9:0:openai"
     verdict = refusal_verdict(refusal=refused(1), now=T0, delays=REFUSAL_REPROBE_DELAYS)
     assert verdict.next_probe_at == T0 + timedelta(minutes=15)
+
+
+def test_r6_3_every_provider_frozen_only_when_no_rule_can_bring_one_back():
+    frozen, cooling = refused(4), refused(1)
+    assert every_provider_frozen(["openai"], {"openai": frozen}, at(1))
+    assert not every_provider_frozen(["openai"], {"openai": cooling}, at(1))
+    assert not every_provider_frozen(["openai", "b"], {"openai": frozen}, at(1))  # b eligible
+    assert not every_provider_frozen([], {}, at(1))
+    legacy = ProviderRefusal("b", refusals=None)
+    assert every_provider_frozen(["openai", "b"], {"openai": frozen, "b": legacy}, at(1))

@@ -400,3 +400,65 @@ def test_r3_6_all_providers_only_cooling_settles_without_paging_anyone(
     run = api.run_and_wait(thread["id"], "Hello")
     assert run["settlement"]["reason_code"] == "no_eligible_provider"
     assert not Notification.objects.filter(dedupe_key__startswith="no-eligible-provider:").exists()
+
+
+def test_r6_4_two_calls_with_the_same_id_get_their_own_receipts(
+    api, worker, manual_clock, scripted_provider
+):
+    """Call ids are not unique (a server may omit them): each call is executed."""
+    scripted_provider(
+        "p",
+        {
+            "rules": [
+                {
+                    "when": {"last_role_not": "tool", "has_tool": "calculator"},
+                    "tool_call": [
+                        {"name": "calculator", "arguments": {"expression": "1+1"}, "id": "same"},
+                        {"name": "calculator", "arguments": {"expression": "2+5"}, "id": "same"},
+                    ],
+                }
+            ],
+            "default": {"answer": {"text": "{last_message}"}},
+        },
+    )
+    thread = make_thread(api, ["p"], ["calculator"])
+    run = api.run_and_wait(thread["id"], "Add twice")
+    receipts = ToolReceipt.objects.filter(run_id=run["id"]).order_by("id")
+    assert [r.result["result"] for r in receipts] == [2, 7]
+    assert run["settlement"]["outcome"] == "completed"
+
+
+def test_r4_2_an_unexpected_error_in_a_stage_is_a_fact_not_a_hang(
+    api, worker, manual_clock, scripted_provider
+):
+    """The thread's only provider was deleted: the turn fails locally, the lifecycle settles."""
+    scripted_provider("p", ANSWER)
+    thread = make_thread(api, ["p"])
+    Thread.objects.filter(id=thread["id"]).update(provider_chain=["p", "gone"])
+    from governance.models import Provider
+
+    Provider.objects.filter(provider_id="p").delete()
+    run = api.run_and_wait(thread["id"], "Hello")
+    assert run["stages"][0]["outcome"] == "error"
+    assert run["settlement"]["reason_code"] == "no_answer_produced"
+    assert run["settlement"]["outcome"] == "failed"
+
+
+def test_r6_5_a_worker_that_lost_its_claim_cannot_close_the_stage(
+    api, worker, manual_clock, scripted_provider
+):
+    """Fencing: a stage taken over after the lease ran out ignores the old worker."""
+    from datetime import timedelta as td
+
+    from tasks.runner import StageExecution, StaleClaim
+
+    scripted_provider("p", ANSWER)
+    thread = Thread.objects.get(id=make_thread(api, ["p"])["id"])
+    run, stage, _ = services.submit_run(thread, input="Hello", now=manual_clock())
+    first = services.claim_stage(stage.id, manual_clock(), lease=td(minutes=10))
+    manual_clock.advance(minutes=11)
+    services.claim_stage(stage.id, manual_clock(), lease=td(minutes=10))  # the new holder
+    with pytest.raises(StaleClaim):
+        StageExecution(Run.objects.get(id=run.id), first).execute()
+    assert Stage.objects.get(id=stage.id).finished_at is None
+    assert ProviderAttempt.objects.filter(run=run).count() == 0  # nothing recorded

@@ -1,0 +1,339 @@
+"""The run stream (R7.1–R7.3): Server-Sent Events of a run, client acks, the watch page.
+
+Design: ``run_events`` is an async view returning a streaming response over an
+async iterator, so uvicorn holds an idle stream as one suspended coroutine (no
+thread). Idle streams do not poll the database each: one hub per event loop
+polls ``max(RunEvent.id)`` every ``POLL_S`` and wakes the streams only when
+something new was written; each woken stream then reads its own run's events.
+Under a WSGI server (runserver, the test live server) the same view streams
+from a plain generator that polls its run directly.
+
+A disconnect only detaches the viewer (R7.1): nothing here cancels a run or
+starts work. Only ``watch_stop`` (the Stop button) and the cancel API cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+
+from asgiref.sync import sync_to_async
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
+from django.db import close_old_connections
+from django.db import connection as db_connection
+from django.db.models import Max
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_POST
+
+from dashboard.api import ApiError, _authenticate, error_response
+from governance import clock, services
+from governance import services_stream as stream
+from governance.models import Run, RunEvent, Settlement
+from tasks.runner import publish
+
+POLL_S = 0.5  # how often new events are looked for
+KEEPALIVE_S = 15.0  # a comment line on an idle stream so proxies keep it open
+RETRY_MS = 1000  # the browser's reconnect delay (EventSource ``retry:``)
+BATCH = 500  # events per read
+
+# Stream reads run on the loop's bounded thread pool, not in each request's own
+# thread: database connections stay bounded by the pool size, not the stream count.
+_db = partial(sync_to_async, thread_sensitive=False)
+
+
+# --------------------------------------------------------------------------- auth
+
+
+def _user_for(request: HttpRequest):
+    """Bearer token (API clients) or a logged-in session (the watch page)."""
+    if request.headers.get("Authorization"):
+        return _authenticate(request), "token"
+    user = request.user
+    if user.is_authenticated and user.is_active:
+        return user, "session"
+    raise ApiError(401, "Authorization", "send 'Authorization: Bearer <token>' or log in")
+
+
+def _run_or_404(run_id: str) -> Run:
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        raise ApiError(404, None, "no such run") from None
+    run = Run.objects.filter(id=key).first()
+    if run is None:
+        raise ApiError(404, None, "no such run")
+    return run
+
+
+def _last_event_id(request: HttpRequest) -> int:
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "Last-Event-ID", f"must be an event id, got {raw!r}") from None
+    if value < 0:
+        raise ApiError(400, "Last-Event-ID", f"must be >= 0, got {value}")
+    return value
+
+
+def _open_stream(request: HttpRequest, run_id: str) -> tuple[Run, int, str]:
+    try:
+        _user_for(request)
+        run = _run_or_404(run_id)
+        last_id = _last_event_id(request)
+        connection_id = uuid.uuid4().hex
+        stream.connect_viewer(
+            run, connection_id=connection_id, last_event_id=last_id, now=clock.now()
+        )
+        return run, last_id, connection_id
+    finally:
+        if isinstance(request, ASGIRequest):
+            # This request's own thread would otherwise hold a database
+            # connection for the stream's whole life: 300 streams, 300 connections.
+            db_connection.close()
+
+
+# --------------------------------------------------------------------------- SSE framing
+
+
+def _frame(event_id: int, kind: str, metadata: dict) -> bytes:
+    data = json.dumps({"kind": kind, "metadata": metadata}, separators=(",", ":"))
+    # json.dumps escapes newlines, so one data line carries the whole event.
+    return f"id: {event_id}\ndata: {data}\n\n".encode()
+
+
+def _read(run_id, after_id: int) -> tuple[list[tuple[int, str, dict]], bool]:
+    """Settled is read before the events, so "settled and nothing new" is final."""
+    settled = stream.run_is_settled(run_id)
+    return stream.events_after(run_id, after_id, BATCH), settled
+
+
+def _written(run_id, connection_id: str, events, now) -> None:
+    """R7.2: the batch reached the transport: chunks in it are now *sent*."""
+    chunk_nos = [m.get("chunk_no") for _i, kind, m in events if kind == "chunk"]
+    stream.mark_chunks_sent(run_id, [n for n in chunk_nos if isinstance(n, int)], now=now)
+    stream.viewer_progress(connection_id, events[-1][0])
+
+
+def _ends(events) -> bool:
+    return any(kind == "settlement" for _i, kind, _m in events)
+
+
+# --------------------------------------------------------------------------- ASGI path
+
+
+class _Hub:
+    """One per event loop: polls the newest RunEvent id and wakes waiting streams."""
+
+    def __init__(self) -> None:
+        self.latest = 0
+        self.changed = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.waiters = 0
+
+    async def _poll(self) -> None:
+        while self.waiters:
+            # Not thread-sensitive: the hub outlives the request that started it.
+            latest = await _db(_newest_event_id)()
+            if latest != self.latest:
+                self.latest = latest
+                self.changed.set()
+                self.changed = asyncio.Event()
+            await asyncio.sleep(POLL_S)
+        self.task = None
+
+    async def wait(self, timeout: float) -> None:
+        self.waiters += 1
+        try:
+            if self.task is None:
+                self.task = asyncio.get_running_loop().create_task(
+                    self._poll(), context=contextvars.Context()
+                )
+            with contextlib.suppress(TimeoutError):  # a timeout is a normal wake-up
+                await asyncio.wait_for(self.changed.wait(), timeout)
+        finally:
+            self.waiters -= 1
+
+
+def _newest_event_id() -> int:
+    return RunEvent.objects.aggregate(m=Max("id"))["m"] or 0
+
+
+_hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _hub() -> _Hub:
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = _Hub()
+    return hub
+
+
+async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[bytes]:
+    try:
+        yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
+        idle_since = time.monotonic()
+        settled_empty = 0
+        while True:
+            events, settled = await _db(_read)(run_id, last_id)
+            if events:
+                yield b"".join(_frame(*event) for event in events)
+                # Resumed: the previous bytes were handed to the transport.
+                last_id = events[-1][0]
+                await _db(_written)(run_id, connection_id, events, clock.now())
+                idle_since = time.monotonic()
+                if _ends(events):
+                    return  # R7.1: settlement streamed: replay/stream ends here
+                continue
+            if settled:
+                # Settled with nothing newer: the settlement event is behind us
+                # (or, for old data, missing); a second look closes the stream.
+                settled_empty += 1
+                if settled_empty >= 2:
+                    return
+            if time.monotonic() - idle_since >= KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+                idle_since = time.monotonic()
+            await _hub().wait(min(POLL_S * 2, KEEPALIVE_S) if settled else KEEPALIVE_S)
+    finally:
+        # R7.1: the transport went away (or the stream ended): detached, not cancelled.
+        await asyncio.shield(_db(_detach)(connection_id))
+
+
+def _detach(connection_id: str) -> None:
+    stream.detach_viewer(connection_id, now=clock.now())
+
+
+# --------------------------------------------------------------------------- WSGI path
+
+
+def _sync_events(run_id, last_id: int, connection_id: str) -> Iterator[bytes]:
+    try:
+        yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
+        idle_since = time.monotonic()
+        settled_empty = 0
+        while True:
+            events, settled = _read(run_id, last_id)
+            if events:
+                yield b"".join(_frame(*event) for event in events)
+                last_id = events[-1][0]
+                _written(run_id, connection_id, events, clock.now())
+                idle_since = time.monotonic()
+                if _ends(events):
+                    return
+                continue
+            if settled:
+                settled_empty += 1
+                if settled_empty >= 2:
+                    return
+            if time.monotonic() - idle_since >= KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+                idle_since = time.monotonic()
+            close_old_connections()
+            time.sleep(POLL_S)
+    finally:
+        _detach(connection_id)
+
+
+# --------------------------------------------------------------------------- views
+
+
+@csrf_exempt
+async def run_events(request: HttpRequest, run_id: str) -> HttpResponse:
+    """GET /api/v1/runs/{id}/events — R7.1: the run's events as SSE, ``id`` = RunEvent.id."""
+    if request.method != "GET":
+        response = error_response(405, None, "use GET on this address")
+        response["Allow"] = "GET"
+        return response
+    try:
+        run, last_id, connection_id = await sync_to_async(_open_stream)(request, run_id)
+    except ApiError as exc:
+        return error_response(exc.status, exc.field, exc.message)
+    body = (
+        _aevents(run.id, last_id, connection_id)
+        if isinstance(request, ASGIRequest)
+        else _sync_events(run.id, last_id, connection_id)
+    )
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return response
+
+
+def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
+    _user, how = _user_for(request)
+    if how == "session":
+        # Session auth needs the CSRF header (a token request is not a browser's).
+        rejected = csrf_protect(lambda r: None)(request)
+        if rejected is not None:
+            return error_response(403, "X-CSRFToken", "CSRF check failed")
+    run = _run_or_404(run_id)
+    if request.content_type != "application/json":
+        raise ApiError(415, None, "send a JSON body with Content-Type: application/json")
+    try:
+        data = json.loads(request.body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or "through" not in data:
+        raise ApiError(400, "through", 'send {"through": <highest contiguous chunk_no>}')
+    try:
+        result = stream.record_ack(run, data["through"], now=clock.now())
+    except services.ServiceError as exc:
+        raise ApiError(400, exc.field, exc.message) from None
+    return JsonResponse(
+        {
+            "run_id": str(run.id),
+            "through": result.through,
+            "committed": result.committed,
+            "sent": result.sent,
+            "observed": result.observed,
+            "newly_observed": result.newly_observed,
+        }
+    )
+
+
+@csrf_exempt
+def run_acks(request: HttpRequest, run_id: str) -> JsonResponse:
+    """POST /api/v1/runs/{id}/acks {"through": n} — R7.2/R7.3: observed chunks 1 … n."""
+    if request.method != "POST":
+        response = error_response(405, None, "use POST on this address")
+        response["Allow"] = "POST"
+        return response
+    try:
+        return _ack(request, run_id)
+    except ApiError as exc:
+        return error_response(exc.status, exc.field, exc.message)
+
+
+@login_required
+def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
+    """/runs/{id}/watch — the end-user page: streams the answer, Stop, acks."""
+    run = get_object_or_404(Run, id=run_id)
+    settlement = Settlement.objects.filter(run=run).first()
+    return render(request, "watch.html", {"run": run, "settlement": settlement})
+
+
+@require_POST
+@login_required
+def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
+    """POST /runs/{id}/stop — the Stop button: an explicit user stop (R7.1), like the API."""
+    run = get_object_or_404(Run, id=run_id)
+    if run.status == Run.Status.SETTLED:
+        return error_response(409, None, "the run is already settled; nothing to stop")
+    changed = services.request_cancel(run, by=request.user.get_username(), now=clock.now())
+    if changed:
+        # Like the cancel API: nudge the pending stage so the stop is seen promptly.
+        pending = run.stages.filter(finished_at__isnull=True).values_list("id", flat=True)
+        publish(list(pending))
+    return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)

@@ -1,0 +1,189 @@
+"""The run stream's transactions (R7.1–R7.3): viewers attach and detach, chunks
+written to a transport are recorded **sent**, client acks are recorded **observed**.
+
+The rules live in ``governance.connection`` (the viewer state machine) and
+``governance.publication`` (chunk facts); this module only reads the facts,
+asks those rules, and writes the outcome with conditional updates so repeats
+(reconnects, duplicate acks, two streams of one run) are idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from governance import connection as conn
+from governance import publication as pub
+from governance.models import BodyChunk, Run, RunEvent, RunViewer, Settlement
+from governance.services import ServiceError
+
+
+def run_connection(run: Run, viewer_state: str = "running") -> conn.RunConnection:
+    """R7.1: the run as a connection sees it, from the facts (settlement, stop, viewer)."""
+    settlement = Settlement.objects.filter(run_id=run.id).values_list("outcome", flat=True).first()
+    stopped = run.cancel_requested_at is not None
+    if settlement is not None:
+        outcome = pub.SettlementOutcome(settlement)
+        state = (
+            conn.ConnectionState.REPLAY_ORIGINAL
+            if viewer_state == conn.ConnectionState.REPLAY_ORIGINAL
+            else conn.ConnectionState.SETTLED
+        )
+        # A cancelled settlement is only ever written after a user stop (R6.5).
+        return conn.RunConnection(
+            state, outcome, stopped or outcome is pub.SettlementOutcome.CANCELLED
+        )
+    if stopped:
+        return conn.RunConnection(conn.ConnectionState.CANCEL_REQUESTED, None, True)
+    state = (
+        conn.ConnectionState.DETACHED
+        if viewer_state == conn.ConnectionState.DETACHED
+        else conn.ConnectionState.RUNNING
+    )
+    return conn.RunConnection(state)
+
+
+def connect_viewer(
+    run: Run, *, connection_id: str, last_event_id: int, now: datetime
+) -> tuple[RunViewer, conn.ConnectionTransition]:
+    """R7.1: a subscriber (re)attached. Records the viewer; never starts work."""
+    transition = conn.apply_connection_event(run_connection(run), conn.ConnectionEvent.reconnect())
+    assert not transition.starts_work  # R7.1: reconnecting never starts new work
+    viewer = RunViewer.objects.create(
+        run=run,
+        connection_id=connection_id,
+        state=transition.state.value,
+        connected_at=now,
+        last_event_id=last_event_id,
+    )
+    return viewer, transition
+
+
+def viewer_progress(connection_id: str, last_event_id: int) -> None:
+    """Remember the last event written to this viewer (monotonic)."""
+    RunViewer.objects.filter(connection_id=connection_id, last_event_id__lt=last_event_id).update(
+        last_event_id=last_event_id
+    )
+
+
+def detach_viewer(connection_id: str, *, now: datetime) -> RunViewer | None:
+    """R7.1: the subscriber's transport went away: the viewer is detached, the run
+    is untouched (a disconnect never cancels). Idempotent."""
+    with transaction.atomic():
+        viewer = (
+            RunViewer.objects.select_for_update()
+            .select_related("run")
+            .filter(connection_id=connection_id)
+            .first()
+        )
+        if viewer is None:
+            return None
+        if viewer.disconnected_at is not None:
+            return viewer  # already detached: a repeat changes nothing
+        before = run_connection(viewer.run, viewer.state)
+        transition = conn.apply_connection_event(before, conn.ConnectionEvent.disconnect())
+        assert not transition.starts_work
+        viewer.state = transition.state.value
+        viewer.disconnected_at = now
+        viewer.save(update_fields=["state", "disconnected_at"])
+    return viewer
+
+
+def run_is_settled(run_id: Any) -> bool:
+    return Settlement.objects.filter(run_id=run_id).exists()
+
+
+def events_after(run_id: Any, after_id: int, limit: int = 500) -> list[tuple[int, str, dict]]:
+    """The run's events with id > ``after_id``, in order (RunEvent.id is the SSE id)."""
+    return list(
+        RunEvent.objects.filter(run_id=run_id, id__gt=after_id)
+        .order_by("id")
+        .values_list("id", "kind", "metadata")[:limit]
+    )
+
+
+def mark_chunks_sent(run_id: Any, chunk_nos: list[int], *, now: datetime) -> int:
+    """R7.2: these chunks were written to a subscriber's transport. Only committed
+    chunks, and only the first time (a conditional update: a second stream of the
+    same run or a replay does not move ``sent_at``). Returns how many were new."""
+    if not chunk_nos:
+        return 0
+    return BodyChunk.objects.filter(
+        run_id=run_id,
+        chunk_no__in=chunk_nos,
+        version__isnull=False,
+        committed_at__isnull=False,
+        sent_at__isnull=True,
+    ).update(sent_at=now)
+
+
+def _publication(run_id: Any) -> pub.Publication:
+    chunks = []
+    ack_through = 0
+    rows = BodyChunk.objects.filter(run_id=run_id).order_by("chunk_no")
+    for chunk_no, version, committed_at, sent_at, observed_at in rows.values_list(
+        "chunk_no", "version", "committed_at", "sent_at", "observed_at"
+    ):
+        committed = version is not None and committed_at is not None
+        chunks.append(
+            pub.ChunkFacts(
+                chunk_id=chunk_no,
+                committed_version=version if committed else None,
+                sent=committed and sent_at is not None,
+                observed=committed and observed_at is not None,
+            )
+        )
+        if committed and observed_at is not None:
+            ack_through = max(ack_through, chunk_no)
+    return pub.Publication(chunks=tuple(chunks), client_ack_through=ack_through)
+
+
+@dataclass(frozen=True)
+class AckResult:
+    through: int
+    committed: int
+    sent: int
+    observed: int
+    newly_observed: int
+
+
+def record_ack(run: Run, through: Any, *, now: datetime) -> AckResult:
+    """R7.2/R7.3: the client acknowledged chunks 1 … ``through``; committed ones become
+    observed (idempotent, cumulative: a stale lower ack changes nothing).
+
+    A claim beyond what is committed cannot be true (publication.record_client_ack
+    calls it impossible evidence). There is no fact column to keep such a claim
+    for the report, so it is refused as bad input and nothing is written —
+    observed stays a subset of committed either way.
+    """
+    if isinstance(through, bool) or not isinstance(through, int):
+        raise ServiceError("through", f"must be an integer chunk number, got {through!r}")
+    with transaction.atomic():
+        # Serialise acks of one run so two concurrent acks cannot interleave.
+        Run.objects.select_for_update().filter(id=run.id).values_list("id", flat=True).first()
+        before = _publication(run.id)
+        try:
+            after = pub.record_client_ack(before, through)
+        except pub.PublicationError as exc:
+            raise ServiceError("through", str(exc)) from None
+        if after.impossible_ack_through > before.impossible_ack_through:
+            raise ServiceError(
+                "through",
+                f"chunks through {through} acknowledged, but only {before.committed_count} "
+                "are committed: a client cannot have received uncommitted chunks",
+            )
+        newly = sorted(after.observed_ids - before.observed_ids)
+        if newly:
+            BodyChunk.objects.filter(
+                run_id=run.id, chunk_no__in=newly, observed_at__isnull=True
+            ).update(observed_at=now)
+    return AckResult(
+        through=through,
+        committed=after.committed_count,
+        sent=len(after.sent_ids),
+        observed=len(after.observed_ids),
+        newly_observed=len(newly),
+    )

@@ -1,0 +1,272 @@
+"""Outbound alert delivery (R3.6, R8.2): the calls that reach people.
+
+It decides nothing on its own: ``governance.services_alerts`` claims the
+outbox row (written ``sending`` before the call), this module makes the call
+and classifies what came back, and the service records it — retry with
+backoff when transient (429, 5xx, network), disable the channel when
+permanent (other 4xx, bad configuration).
+
+Channel kinds: generic webhook (JSON), Slack-compatible incoming webhook,
+e-mail (Django's e-mail backend) and PagerDuty Events API v2, whose
+``dedup_key`` is our R3.6 dedupe key: trigger, acknowledge, resolve.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import smtplib
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from celery import shared_task
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.urls import NoReverseMatch, reverse
+
+from governance import clock, services_alerts
+from governance.models import AlertChannel, Notification, NotificationDelivery
+from governance.services_alerts import DeliveryResult
+
+log = logging.getLogger(__name__)
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+SOURCE = "agent-governance"
+TIMEOUT = httpx.Timeout(10.0, connect=5.0)
+TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+class BadConfig(Exception):
+    """The channel's configuration cannot work: a permanent failure."""
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@shared_task(name="tasks.alerts.deliver_alert", ignore_result=True, acks_late=True)
+def deliver_alert(delivery_id: int) -> str:
+    return deliver(delivery_id)
+
+
+@shared_task(name="tasks.alerts.deliver_due", ignore_result=True)
+def deliver_due() -> int:
+    """Beat: re-send due retries and rows whose publish was lost. A claim is a
+    conditional update, so a duplicate send is harmless."""
+    ids = services_alerts.due_deliveries(clock.now())
+    for delivery_id in ids:
+        deliver_alert.delay(delivery_id)
+    return len(ids)
+
+
+@shared_task(name="tasks.alerts.escalate_alerts", ignore_result=True)
+def escalate_alerts() -> int:
+    """Beat: re-notify unacknowledged critical alerts to the next tier (R8.2)."""
+    return len(services_alerts.escalate_due(clock.now()))
+
+
+def deliver_all_due(now: datetime | None = None) -> list[str]:
+    """Deliver every due row in this process (the sweep without the broker)."""
+    return [deliver(i) for i in services_alerts.due_deliveries(now or clock.now())]
+
+
+def deliver(delivery_id: int) -> str:
+    """Claim, call, record. Returns the row's new state, or "skipped" when
+    another worker holds it or it needs no call."""
+    delivery = services_alerts.claim_delivery(delivery_id, clock.now())
+    if delivery is None:
+        return "skipped"
+    try:
+        result = send(delivery)
+    except Exception as exc:  # a bug here must not lose the alert: retry, and say why
+        log.exception("alert delivery %s crashed", delivery_id)
+        result = DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
+    return services_alerts.record_result(delivery, result, clock.now())
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _action(event: str) -> str:
+    if event.startswith(services_alerts.ESCALATE):
+        return services_alerts.TRIGGER
+    return event
+
+
+def dashboard_link(notification: Notification) -> str:
+    base = getattr(settings, "GOVERNANCE_DASHBOARD_URL", "http://localhost:8000").rstrip("/")
+    try:
+        path = reverse("alerts")
+    except NoReverseMatch:
+        path = "/alerts/"
+    return f"{base}{path}#alert-{notification.id}"
+
+
+def headline(delivery: NotificationDelivery) -> str:
+    n = delivery.notification
+    severity = "CRITICAL" if n.severity == Notification.Severity.CRITICAL else "normal"
+    event = delivery.event
+    if event.startswith(services_alerts.ESCALATE):
+        level = event.removeprefix(services_alerts.ESCALATE)
+        return f"[{severity}] escalation {level}: still unacknowledged"
+    if event == services_alerts.ACKNOWLEDGE:
+        who = n.acked_by.get_username() if n.acked_by else "someone"
+        at = f" at {n.acked_at:%Y-%m-%d %H:%M} UTC" if n.acked_at else ""
+        return f"[acknowledged] by {who}{at}"
+    if event == services_alerts.RESOLVE:
+        at = f" at {n.resolved_at:%Y-%m-%d %H:%M} UTC" if n.resolved_at else ""
+        return f"[resolved] a boundary closed the segment{at}"
+    return f"[{severity}]"
+
+
+def webhook_body(delivery: NotificationDelivery) -> dict[str, Any]:
+    n = delivery.notification
+    return {
+        "dedupe_key": n.dedupe_key,
+        "event": _action(delivery.event),
+        "delivery_event": delivery.event,
+        "severity": n.severity,
+        "text": n.text,
+        "headline": headline(delivery),
+        "segment": n.segment.key if n.segment else None,
+        "provider_ids": list(n.provider_ids),
+        "notification_id": n.id,
+        "escalation_level": n.escalation_level,
+        "created_at": n.created_at.isoformat(),
+        "acked_by": n.acked_by.get_username() if n.acked_by else None,
+        "acked_at": n.acked_at.isoformat() if n.acked_at else None,
+        "resolved_at": n.resolved_at.isoformat() if n.resolved_at else None,
+        "url": dashboard_link(n),
+    }
+
+
+def slack_body(delivery: NotificationDelivery) -> dict[str, Any]:
+    n = delivery.notification
+    return {"text": f"{headline(delivery)} {n.text}\n<{dashboard_link(n)}|Open the alert>"}
+
+
+def pagerduty_body(delivery: NotificationDelivery, routing_key: str) -> dict[str, Any]:
+    n = delivery.notification
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": _action(delivery.event),
+        "dedup_key": n.dedupe_key,
+    }
+    if body["event_action"] == services_alerts.TRIGGER:
+        body["payload"] = {
+            "summary": n.text[:1024],
+            "source": f"{SOURCE} segment {n.segment.key}" if n.segment else SOURCE,
+            "severity": "critical" if n.severity == Notification.Severity.CRITICAL else "warning",
+            "component": SOURCE,
+            "custom_details": {
+                "segment": n.segment.key if n.segment else None,
+                "provider_ids": list(n.provider_ids),
+                "escalation_level": n.escalation_level,
+            },
+        }
+        body["links"] = [{"href": dashboard_link(n), "text": "Open the alert"}]
+    return body
+
+
+# --------------------------------------------------------------------------- transports
+
+
+def send(delivery: NotificationDelivery) -> DeliveryResult:
+    channel = delivery.channel
+    try:
+        if channel.kind == AlertChannel.Kind.EMAIL:
+            return _send_email(delivery)
+        if channel.kind == AlertChannel.Kind.PAGERDUTY:
+            env_name = channel.routing_key_env.strip()
+            if not env_name:
+                raise BadConfig("no routing key env var is configured")
+            routing_key = os.environ.get(env_name, "").strip()
+            if not routing_key:
+                raise BadConfig(f"env var {env_name} (the routing key) is not set")
+            url = channel.target.strip() or PAGERDUTY_EVENTS_URL
+            return _post(url, pagerduty_body(delivery, routing_key), delivery)
+        if channel.kind == AlertChannel.Kind.SLACK:
+            return _post(channel.target.strip(), slack_body(delivery), delivery)
+        if channel.kind == AlertChannel.Kind.WEBHOOK:
+            return _post(channel.target.strip(), webhook_body(delivery), delivery)
+        raise BadConfig(f"unknown channel kind {channel.kind!r}")
+    except BadConfig as exc:
+        return DeliveryResult(DeliveryResult.PERMANENT, None, f"bad configuration: {exc}")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - clock.now()).total_seconds())
+
+
+def classify_response(response: httpx.Response) -> DeliveryResult:
+    code = response.status_code
+    if 200 <= code < 300:
+        return DeliveryResult(DeliveryResult.DELIVERED, code)
+    snippet = response.text[:300] if response.content else ""
+    error = f"HTTP {code} {response.reason_phrase}: {snippet}".strip().rstrip(":")
+    if code in TRANSIENT_STATUS or code >= 500:
+        return DeliveryResult(DeliveryResult.TRANSIENT, code, error, _retry_after(response))
+    # Other 4xx (and redirects: a webhook URL that moved) will not heal by retrying.
+    return DeliveryResult(DeliveryResult.PERMANENT, code, error)
+
+
+def _post(url: str, body: dict[str, Any], delivery: NotificationDelivery) -> DeliveryResult:
+    if not url:
+        raise BadConfig("no target URL is configured")
+    if not url.startswith(("http://", "https://")):
+        raise BadConfig(f"target {url!r} is not an http(s) URL")
+    headers = {
+        "User-Agent": f"{SOURCE}/alerts",
+        # The receiver can drop a repeat (a worker that died after the call).
+        "Idempotency-Key": f"{delivery.notification.dedupe_key}:{delivery.event}",
+    }
+    try:
+        with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
+            response = client.post(url, json=body, headers=headers)
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        raise BadConfig(f"target {url!r}: {exc}") from None
+    except httpx.TransportError as exc:
+        return DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
+    return classify_response(response)
+
+
+def _send_email(delivery: NotificationDelivery) -> DeliveryResult:
+    recipients = [a.strip() for a in delivery.channel.target.split(",") if a.strip()]
+    if not recipients:
+        raise BadConfig("no e-mail addresses are configured")
+    for address in recipients:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise BadConfig(f"{address!r} is not an e-mail address") from None
+    n = delivery.notification
+    subject = f"{headline(delivery)} {n.text}"[:150].replace("\n", " ")
+    body = f"{headline(delivery)}\n\n{n.text}\n\nDedupe key: {n.dedupe_key}\n{dashboard_link(n)}\n"
+    try:
+        send_mail(subject, body, None, recipients, fail_silently=False)
+    except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:
+        return DeliveryResult(DeliveryResult.PERMANENT, None, f"{type(exc).__name__}: {exc}")
+    except smtplib.SMTPAuthenticationError as exc:
+        return DeliveryResult(DeliveryResult.PERMANENT, exc.smtp_code, f"SMTP auth: {exc}")
+    except smtplib.SMTPResponseException as exc:
+        kind = DeliveryResult.PERMANENT if exc.smtp_code >= 500 else DeliveryResult.TRANSIENT
+        return DeliveryResult(kind, exc.smtp_code, f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")
+    except (smtplib.SMTPException, OSError) as exc:
+        return DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
+    return DeliveryResult(DeliveryResult.DELIVERED, None)
