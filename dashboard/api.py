@@ -408,7 +408,9 @@ def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
         # R8.3: forcing a boundary needs the permission, like the dashboard button.
         raise ApiError(403, None, "forcing a boundary needs the 'apply_boundary' permission")
     data = _body(request)
-    key = _field(data, "idempotency_key", str, required=True, max_length=300)
+    key = _field(
+        data, "idempotency_key", str, required=True, max_length=290
+    )  # the audit key adds "boundary:"
     if not key.strip():
         # R8.3: without a key a double click would make two boundaries.
         raise ApiError(400, "idempotency_key", "is required")

@@ -25,7 +25,7 @@ from governance import clock, services
 from governance import clocks as clock_rules
 from governance import lifecycle as lc
 from governance.health import Classification, classify_attempt
-from governance.models import Provider, Run, Stage, ToolReceipt
+from governance.models import Provider, Run, Stage, Thread, ToolReceipt
 from governance.refusal import RULE_TEXT, every_provider_frozen, refusal_verdict
 from governance.routing import (
     AttemptOutcome,
@@ -49,6 +49,7 @@ from tasks.tools import EXTERNAL_TOOLS, TOOL_SPECS, run_tool, verify_webhook
 log = logging.getLogger(__name__)
 
 MAX_VERIFICATIONS = 3
+TURN_WAIT_S = 2.0  # how long a turn waits for the thread's in-flight turn
 # Cut by the run's own clocks: never a provider-health fact, never a fallback.
 RUN_CLOCK_CUTS = frozenset({"deadline_exceeded", "no_progress"})
 VERIFY_DELAY_S = float(
@@ -382,6 +383,35 @@ class StageExecution:
         publish([stage.id for stage in self.new_stages], self.countdowns)
         return decision
 
+    def _another_turn_in_flight(self) -> bool:
+        """One model turn at a time per thread (R1.1: one linear history).
+
+        Two runs on a thread would otherwise both see a re-probe as due and
+        both send it (R3.2's cap), or interleave their history. The later
+        claim steps back: its claim is released and the stage re-sent shortly.
+        """
+        stage = self.stage
+        with transaction.atomic():
+            Thread.objects.select_for_update().get(pk=self.run.thread_id)
+            earlier = (
+                Stage.objects.filter(
+                    run__thread_id=self.run.thread_id,
+                    kind__in=(Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION),
+                    finished_at__isnull=True,
+                    claimed_at__gte=clock.now() - _lease(),
+                )
+                .exclude(id=stage.id)
+                .filter(Q(claimed_at__lt=self.claim) | Q(claimed_at=self.claim, id__lt=stage.id))
+                .exists()
+            )
+            if not earlier:
+                return False
+            Stage.objects.filter(id=stage.id, claimed_at=self.claim).update(claimed_at=None)
+        transaction.on_commit(
+            lambda: execute_stage.apply_async(args=[stage.id], countdown=TURN_WAIT_S)
+        )
+        return True
+
     def _last_increment(self) -> list[dict[str, Any]]:
         if self.stage is not None and self.stage.kind == Stage.Kind.MODEL_TURN:
             return self.stage.payload.get("increment", [])
@@ -423,6 +453,8 @@ class StageExecution:
     # ---- model turn and finalization (R3, R6)
     def _model_turn(self) -> str:
         run, stage = self.run, self.stage
+        if self._another_turn_in_flight():
+            return "deferred"
         final = stage.kind == Stage.Kind.FINALIZATION
         segment = self.turn_segment = services.open_segment(run.thread)
         session = segment.session

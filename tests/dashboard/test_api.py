@@ -1164,7 +1164,7 @@ def test_r3_8_after_a_boundary_every_provider_is_eligible_again(api, thread, man
         ({"kind": "compact", "reason": "why", "idempotency_key": ""}, "idempotency_key"),
         ({"kind": "compact", "reason": "why", "idempotency_key": 9}, "idempotency_key"),
         (
-            {"kind": "compact", "reason": "why", "idempotency_key": "k" * 301},
+            {"kind": "compact", "reason": "why", "idempotency_key": "k" * 291},
             "idempotency_key",
         ),
         ({"reason": "why", "idempotency_key": "e5"}, "kind"),
@@ -1300,3 +1300,11 @@ def test_r8_3_forcing_a_boundary_needs_the_permission(client, django_user_model,
     assert response.status_code == 403
     assert "apply_boundary" in response.json()["error"]["message"]
     assert (Segment.objects.count(), AuditEntry.objects.count()) == before
+
+
+def test_r8_3_the_longest_accepted_boundary_key_is_stored_whole(api, thread):
+    """290 characters plus the audit namespace still fits its column."""
+    key = "k" * 290
+    first = api.post(boundaries_url(thread), boundary("compact", key), status=201).json()
+    again = api.post(boundaries_url(thread), boundary("compact", key), status=200).json()
+    assert first["key"] == again["key"]

@@ -55,3 +55,19 @@ def test_r5_4_a_stage_whose_worker_died_runs_again_without_new_quota(queued, man
     # Same stage, same idempotency key: the retry drew nothing new (R5.3, R5.4).
     assert BudgetEntry.objects.filter(account__run=run).count() == 1
     assert services.budget_view(run)["model_requests"].used == 1
+
+
+def test_r3_2_one_model_turn_at_a_time_per_thread(queued, manual_clock):
+    """A second run's turn waits while the thread's first turn is in flight, so two
+    runs can never both send a due re-probe (R3.2) or interleave history (R1.1)."""
+    run, stage = queued
+    other, other_stage, _ = services.submit_run(
+        Thread.objects.get(id=run.thread_id), input="Again", now=manual_clock()
+    )
+    lease = timedelta(minutes=10)
+    assert services.claim_stage(stage.id, manual_clock(), lease=lease) is not None  # in flight
+    manual_clock.advance(seconds=1)
+    assert run_stage(other_stage.id) == "deferred"
+    deferred = Stage.objects.get(id=other_stage.id)
+    assert deferred.claimed_at is None and deferred.finished_at is None
+    assert ProviderAttempt.objects.filter(run=other).count() == 0
