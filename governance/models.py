@@ -502,7 +502,23 @@ class AlertChannel(models.Model):
         return f"{self.name} ({self.kind})"
 
 
-class NotificationDelivery(models.Model):
+class OutboxAttempt(models.Model):
+    """What an outbound delivery records about its attempts: claimed with a
+    conditional update, written before the effect, its result after."""
+
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+
+class NotificationDelivery(OutboxAttempt):
     """One notification event to one channel: the outbox row (exactly once per key)."""
 
     class State(models.TextChoices):
@@ -519,13 +535,6 @@ class NotificationDelivery(models.Model):
     channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
     event = models.CharField(max_length=32)  # trigger / acknowledge / resolve / escalate-N
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField()
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField()
 
     class Meta:
         ordering = ["id"]
@@ -536,7 +545,7 @@ class NotificationDelivery(models.Model):
         ]
 
 
-class RunCallback(models.Model):
+class RunCallback(OutboxAttempt):
     """The completion callback of a run: attempt written before the call (R7.3)."""
 
     class State(models.TextChoices):
@@ -551,13 +560,6 @@ class RunCallback(models.Model):
     idempotency_key = models.CharField(max_length=100, unique=True)
     payload = models.JSONField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField()
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField()
 
 
 class RunViewer(models.Model):
