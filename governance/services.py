@@ -59,6 +59,21 @@ class ServiceError(ValueError):
         self.message = message
 
 
+def record_event(
+    run: Run,
+    kind: str,
+    at: datetime,
+    metadata: dict[str, Any],
+    *,
+    segment: Segment,
+    stage: Stage | None = None,
+) -> RunEvent:
+    """Append to the run's ordered event log (what the stream and timelines read)."""
+    return RunEvent.objects.create(
+        run=run, segment=segment, stage=stage, kind=kind, at=at, metadata=metadata
+    )
+
+
 def reprobe_delays() -> tuple[timedelta, ...]:
     return tuple(settings.GOVERNANCE_REFUSAL_REPROBE_DELAYS)
 
@@ -400,13 +415,13 @@ def record_turn(
     if outcome.cleared:
         SegmentRefusal.objects.filter(segment=segment, provider_id__in=outcome.cleared).delete()
     if outcome.fallback_card is not None:
-        RunEvent.objects.create(
-            run=run,
+        record_event(
+            run,
+            "llm-fallback",
+            now,
+            outcome.fallback_card,
             segment=segment,
             stage=stage,
-            kind="llm-fallback",
-            at=now,
-            metadata=outcome.fallback_card,
         )
     created = []
     for notice in outcome.notices:
@@ -679,13 +694,13 @@ def submit_run(
 def enqueue_stage(run: Run, kind: str, payload: dict[str, Any], now: datetime) -> Stage:
     last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
     stage = Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
-    RunEvent.objects.create(
-        run=run,
+    record_event(
+        run,
+        "stage",
+        now,
+        {"stage": stage.seq, "kind": kind, "state": "queued"},
         segment=run.segment,
         stage=stage,
-        kind="stage",
-        at=now,
-        metadata={"stage": stage.seq, "kind": kind, "state": "queued"},
     )
     return stage
 
@@ -728,19 +743,19 @@ def finish_stage(
         clocks=clocks or {},
     )
     if changed:
-        RunEvent.objects.create(
-            run=stage.run,
-            segment=stage.run.segment,
-            stage=stage,
-            kind="stage",
-            at=now,
-            metadata={
+        record_event(
+            stage.run,
+            "stage",
+            now,
+            {
                 "stage": stage.seq,
                 "kind": stage.kind,
                 "state": "finished",
                 "outcome": outcome,
                 "timeout": timeout_name,
             },
+            segment=stage.run.segment,
+            stage=stage,
         )
     return bool(changed)
 
@@ -789,13 +804,13 @@ def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
 
 
 def record_fact(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> None:
-    RunEvent.objects.create(
-        run=run,
+    record_event(
+        run,
+        "fact",
+        now,
+        _fact_payload(fact),
         segment=run.segment,
         stage=stage,
-        kind="fact",
-        at=now,
-        metadata=_fact_payload(fact),
     )
 
 
@@ -840,16 +855,16 @@ def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
         entry["boundary_action_needed"] = decision.boundary_action_needed
     Run.objects.filter(id=run.id).update(decisions=[*run.decisions, entry])
     run.decisions = [*run.decisions, entry]
-    RunEvent.objects.create(
-        run=run,
-        segment=run.segment,
-        kind="decision",
-        at=now,
-        metadata={
+    record_event(
+        run,
+        "decision",
+        now,
+        {
             "path": decision.path.value,
             "reason": decision.reason,
             "must_keep": list(decision.must_keep),
         },
+        segment=run.segment,
     )
     if decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization":
         Run.objects.filter(id=run.id).update(phase="finalization", status=Run.Status.FINALIZING)
@@ -872,17 +887,17 @@ def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settleme
         return Settlement.objects.get(run=run), False
     Run.objects.filter(id=run.id).update(status=Run.Status.SETTLED, phase="settled")
     run.status, run.phase = Run.Status.SETTLED, "settled"
-    RunEvent.objects.create(
-        run=run,
-        segment=run.segment,
-        kind="settlement",
-        at=now,
-        metadata={
+    record_event(
+        run,
+        "settlement",
+        now,
+        {
             "outcome": row.outcome,
             "reason_code": row.reason_code,
             "reason": row.reason,
             "unknown_effects": row.unknown_effects,
         },
+        segment=run.segment,
     )
     return row, True
 
@@ -962,17 +977,17 @@ def commit_chunks(run: Run, texts: Sequence[str], now: datetime) -> list[BodyChu
         )
     created = BodyChunk.objects.bulk_create(rows)
     for chunk in created:
-        RunEvent.objects.create(
-            run=run,
-            segment=run.segment,
-            kind="chunk",
-            at=now,
-            metadata={
+        record_event(
+            run,
+            "chunk",
+            now,
+            {
                 "chunk_no": chunk.chunk_no,
                 "version": chunk.version,
                 "text": chunk.text,
                 "final": chunk.final,
             },
+            segment=run.segment,
         )
     return created
 
