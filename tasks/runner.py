@@ -33,6 +33,7 @@ from governance.routing import (
     ChainEntry,
     drive_turn,
     route_turn,
+    why_no_candidate,
 )
 from tasks import instrumentation as spans
 from tasks.adapters import call_provider
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 MAX_VERIFICATIONS = 3
 TURN_WAIT_S = 2.0  # how long a turn waits for the thread's in-flight turn
+MAX_RECOVERY_WAIT_S = 600.0  # the watchdog's deadline still bounds the run
 # Cut by the run's own clocks: never a provider-health fact, never a fallback.
 RUN_CLOCK_CUTS = frozenset({"deadline_exceeded", "no_progress"})
 VERIFY_DELAY_S = float(
@@ -248,6 +250,7 @@ class StageExecution:
         self.stage = stage
         self.claim = stage.claimed_at if stage is not None else None
         self.turn_segment = None  # the segment a model turn ran in
+        self.recovery_delay = 0.0  # seconds until a recovery may help (open breaker)
         self.new_stages: list[Stage] = []
         self.countdowns: dict[int, float] = {}
 
@@ -377,6 +380,7 @@ class StageExecution:
                 Stage.Kind.MODEL_TURN,
                 {"increment": self._last_increment(), "recovery": True},
                 now,
+                countdown=min(max(self.recovery_delay, 0.0), MAX_RECOVERY_WAIT_S),
             )
         elif path is lc.Path.CONTINUE and next_work:
             self._enqueue(next_work["kind"], next_work["payload"], now)
@@ -745,13 +749,27 @@ class StageExecution:
                     )
                 stage_outcome = "accepted"
             elif outcome.result == "no_provider":
-                self._fact(
-                    lc.Owner.PROVIDER,
-                    lc.FactKind.NO_ELIGIBLE_PROVIDER,
-                    segment.key,
-                    now,
-                    detail=f"every provider is {RULE_TEXT}",
-                )
+                cause, until = why_no_candidate(outcome.skipped)
+                if cause == "refused":
+                    self._fact(
+                        lc.Owner.PROVIDER, lc.FactKind.NO_ELIGIBLE_PROVIDER, segment.key, now,
+                        detail=f"every provider is {RULE_TEXT}",
+                    )  # fmt: skip
+                elif cause == "breaker_open":
+                    # Time repairs an open breaker: recover once it half-opens (R2.2, R6.3).
+                    self.recovery_delay = (until - now).total_seconds() if until else 0.0
+                    self._fact(
+                        lc.Owner.PROVIDER, lc.FactKind.TRANSIENT_FAILURE, "model_turn", now,
+                        failure_class="server_error",
+                        detail="every usable provider's breaker is open"
+                        + (f" until {until.isoformat()}" if until else ""),
+                    )  # fmt: skip
+                else:
+                    reasons = "; ".join(f"{s.provider_id}: {s.detail}" for s in outcome.skipped)
+                    self._fact(
+                        lc.Owner.PROVIDER, lc.FactKind.TURN_WITHOUT_PROGRESS, "model_turn", now,
+                        detail=f"no provider could be asked ({reasons})",
+                    )  # fmt: skip
                 stage_outcome = "no_provider"
             elif outcome.failure_class == "budget_exhausted":
                 pool = "output_reserve" if final else "model_requests"

@@ -26,6 +26,7 @@ from governance.routing import (
     attempt_plan,
     drive_turn,
     route_turn,
+    why_no_candidate,
 )
 from governance.segments import (
     NEW_SESSION_KINDS,
@@ -406,3 +407,14 @@ def test_r5_2_exhausted_request_budget_ends_the_turn_on_every_provider():
     assert (outcome.result, outcome.failure_class) == ("failed", "budget_exhausted")
     assert fake.requests["b"] == 0
     assert outcome.refusals == {}
+
+
+def test_r6_3_why_no_candidate_separates_bytes_time_and_configuration():
+    later = T0 + timedelta(minutes=2)
+    frozen = route_turn(CHAIN, now=T0, health={}, refusals={"a": state(4), "b": state(4, "b")})
+    assert why_no_candidate(frozen.skipped) == ("refused", None)
+    mixed = route_turn(CHAIN, now=T0, health={"b": OPEN}, refusals={"a": state(4)})
+    assert why_no_candidate(mixed.skipped) == ("breaker_open", later)
+    disabled = HealthVerdict(False, "disabled", None, "auth failed")
+    off = route_turn(CHAIN, now=T0, health={"a": disabled, "b": disabled}, refusals={})
+    assert why_no_candidate(off.skipped) == ("unavailable", None)

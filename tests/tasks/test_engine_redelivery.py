@@ -71,3 +71,26 @@ def test_r3_2_one_model_turn_at_a_time_per_thread(queued, manual_clock):
     deferred = Stage.objects.get(id=other_stage.id)
     assert deferred.claimed_at is None and deferred.finished_at is None
     assert ProviderAttempt.objects.filter(run=other).count() == 0
+
+
+def test_r6_3_an_open_breaker_is_a_transient_failure_recovered_after_it_opens(queued, manual_clock):
+    """Time repairs a breaker (R2.2): bounded recovery, not 'no provider eligible'."""
+    from governance.models import Notification, Provider, ProviderHealthState, Run
+
+    run, stage = queued
+    ProviderHealthState.objects.create(
+        provider=Provider.objects.get(provider_id="p"), breaker="open", consecutive_failures=3,
+        trips=1, open_until=manual_clock() + timedelta(seconds=30),
+        last_failure_class="server_error", last_failure_at=manual_clock(),
+    )  # fmt: skip
+    assert run_stage(stage.id) == "no_provider"
+    row = Run.objects.get(id=run.id)
+    assert row.status != "settled"
+    assert [d["path"] for d in row.decisions] == ["bounded_recovery"]
+    assert not Notification.objects.exists()  # nobody is paged for a breaker
+    recovery = Stage.objects.get(run=run, seq=2)
+    assert recovery.kind == "model_turn" and recovery.payload["recovery"] is True
+    manual_clock.advance(seconds=31)  # the breaker half-opens: one probe goes out
+    assert run_stage(recovery.id) == "accepted"
+    row.refresh_from_db()
+    assert row.settlement.outcome == "completed"
