@@ -345,19 +345,23 @@ def fallback_card(
 NoCandidateCause = Literal["refused", "breaker_open", "unavailable"]
 
 
-def why_no_candidate(skipped: Sequence[Skip]) -> tuple[NoCandidateCause, datetime | None]:
-    """R6.3: why a turn had no provider to ask, and when time may change that.
+def why_no_candidate(
+    skipped: Sequence[Skip], refused_now: Sequence[str] = ()
+) -> tuple[NoCandidateCause, datetime | None]:
+    """R6.3: why a turn found no provider to answer it, and when time may help.
 
-    ``refused``: every provider is skipped for this segment's bytes (R3) — only
-    the re-probe schedule or a boundary helps. ``breaker_open``: at least one
-    provider waits for its breaker (R2.2) — time helps, so this is a transient
-    failure to recover from at the earliest ``until``. ``unavailable``: the rest
-    (disabled by configuration, the same request refused recently) — neither
-    waiting nor a boundary is known to help.
+    ``refused``: every provider was skipped or refused for this segment's
+    bytes (R3; ``refused_now`` are the providers whose request was refused in
+    this very turn) — only the re-probe schedule or a boundary helps.
+    ``breaker_open``: at least one provider waits for its breaker (R2.2) — time
+    helps, so this is a transient failure to recover from at the earliest
+    ``until``. ``unavailable``: the rest (disabled by configuration, the same
+    request refused recently) — neither waiting nor a boundary is known to help.
     """
     waits = [skip.until for skip in skipped if skip.reason == "breaker_open"]
     if waits:
         return "breaker_open", min((w for w in waits if w is not None), default=None)
-    if skipped and all(skip.reason in ("frozen", "cooling") for skip in skipped):
+    reasons = [skip.reason for skip in skipped] + ["refused"] * len(refused_now)
+    if reasons and all(reason in ("frozen", "cooling", "refused") for reason in reasons):
         return "refused", None
     return "unavailable", None

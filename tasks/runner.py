@@ -749,7 +749,9 @@ class StageExecution:
                     )
                 stage_outcome = "accepted"
             elif outcome.result == "no_provider":
-                cause, until = why_no_candidate(outcome.skipped)
+                cause, until = why_no_candidate(
+                    outcome.skipped, [r.provider_id for r in outcome.recorded]
+                )
                 if cause == "refused":
                     self._fact(
                         lc.Owner.PROVIDER, lc.FactKind.NO_ELIGIBLE_PROVIDER, segment.key, now,

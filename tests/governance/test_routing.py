@@ -418,3 +418,12 @@ def test_r6_3_why_no_candidate_separates_bytes_time_and_configuration():
     disabled = HealthVerdict(False, "disabled", None, "auth failed")
     off = route_turn(CHAIN, now=T0, health={"a": disabled, "b": disabled}, refusals={})
     assert why_no_candidate(off.skipped) == ("unavailable", None)
+
+
+def test_r6_3_providers_refused_in_this_turn_count_as_refused_bytes():
+    fake = FakeProviders({"a": REFUSE, "b": REFUSE})
+    outcome = turn(fake, {}, T0, increment=False)
+    assert outcome.result == "no_provider" and outcome.skipped == ()
+    refused = [r.provider_id for r in outcome.recorded]
+    assert why_no_candidate(outcome.skipped, refused) == ("refused", None)
+    assert why_no_candidate((), ()) == ("unavailable", None)

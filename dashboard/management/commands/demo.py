@@ -590,8 +590,9 @@ class Scenario:
         self.at(minutes=12)
         self.run(triage, "Assess the vendor report VR-88 and total the exposure.")
         self.at(minutes=14)
+        # On-call acknowledges the triage thread's first-refusal notice.
         ack_target = Notification.objects.filter(
-            dedupe_key__startswith="no-eligible-provider:", segment__thread=triage
+            dedupe_key__startswith="provider-refusal:", segment__thread=triage
         ).first()
         self.at(minutes=20)
         self.run(incident, "What is the total including the contractor hours?", queued_s=8)
