@@ -179,6 +179,7 @@ class AttemptOutcome:
     result: AttemptResult
     refusal_category: str | None = None
     failure_class: str | None = None
+    at: datetime | None = None  # when the answer came; a refusal is anchored here (R3.2)
 
 
 @dataclass(frozen=True)
@@ -268,12 +269,13 @@ def drive_turn(
                 break  # time-based failure: fall back to the next provider
             if step == len(plan) - 1:
                 # The accepted history itself was refused: a segment refusal.
+                # Anchor on the refusal itself, not on the turn's start (R3.3).
                 updated = record_refusal(
                     state.get(candidate.provider_id),
                     provider_id=candidate.provider_id,
                     model=candidate.model,
                     category=outcome.refusal_category,
-                    now=now,
+                    now=as_utc(outcome.at) if outcome.at else now,
                 )
                 state[candidate.provider_id] = updated
                 recorded.append(updated)

@@ -573,7 +573,9 @@ class StageExecution:
             if classification.failure_class is None:
                 return AttemptOutcome("accepted")
             if classification.failure_class == "refusal":
-                return AttemptOutcome("refused", refusal_category=classification.refusal_category)
+                return AttemptOutcome(
+                    "refused", refusal_category=classification.refusal_category, at=ended
+                )
             return AttemptOutcome("failed", failure_class=classification.failure_class)
 
         outcome = drive_turn(

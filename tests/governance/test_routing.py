@@ -427,3 +427,12 @@ def test_r6_3_providers_refused_in_this_turn_count_as_refused_bytes():
     refused = [r.provider_id for r in outcome.recorded]
     assert why_no_candidate(outcome.skipped, refused) == ("refused", None)
     assert why_no_candidate((), ()) == ("unavailable", None)
+
+
+def test_r3_3_refused_at_is_the_moment_of_the_refusal_not_the_turn_start():
+    refused_later = AttemptOutcome("refused", "policy", at=T0 + timedelta(minutes=3))
+    fake = FakeProviders({"a": refused_later, "b": ACCEPT})
+    outcome = turn(fake, {}, T0, increment=False)
+    assert outcome.refusals["a"].refused_at == T0 + timedelta(minutes=3)
+    verdict = refusal_verdict(outcome.refusals["a"], T0 + timedelta(minutes=16))
+    assert verdict.state == "cooling"  # 15 min after the refusal, not after the turn began
