@@ -350,18 +350,20 @@ def append_history(
 # --------------------------------------------------------------------------- refusal state
 
 
+def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
+    """A fast-read row as the R3.2 value the rules read."""
+    return ProviderRefusal(
+        provider_id=row.provider_id,
+        model=row.model or None,
+        category=row.category or None,
+        refusals=row.refusals,
+        refused_at=row.refused_at,
+    )
+
+
 def segment_refusals(segment: Segment) -> dict[str, ProviderRefusal]:
     """R3.2 state of a segment, from the fast-read rows kept with the cards."""
-    return {
-        row.provider_id: ProviderRefusal(
-            provider_id=row.provider_id,
-            model=row.model or None,
-            category=row.category or None,
-            refusals=row.refusals,
-            refused_at=row.refused_at,
-        )
-        for row in segment.refusals.all()
-    }
+    return {row.provider_id: refusal_of(row) for row in segment.refusals.all()}
 
 
 def emit_notice(notice, segment: Segment | None) -> tuple[Notification, bool]:

@@ -19,7 +19,7 @@ from governance.models import (
     SegmentRefusal,
     Stage,
 )
-from governance.refusal import ProviderRefusal, refusal_verdict
+from governance.refusal import refusal_verdict
 
 CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
 MAX_CLOCK_SAMPLES = 5000
@@ -50,10 +50,7 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
     grouped: dict[int, list[dict]] = defaultdict(list)
     segments: dict[int, Segment] = {}
     for row in rows:
-        refusal = ProviderRefusal(
-            row.provider_id, row.model or None, row.category or None, row.refusals, row.refused_at
-        )
-        verdict = refusal_verdict(refusal, now, delays)
+        verdict = refusal_verdict(services.refusal_of(row), now, delays)
         if verdict.state == "eligible":
             continue
         segments[row.segment_id] = row.segment

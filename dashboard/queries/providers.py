@@ -30,7 +30,7 @@ from governance.models import (
     ProviderHealthState,
     SegmentRefusal,
 )
-from governance.refusal import ProviderRefusal, refusal_verdict
+from governance.refusal import refusal_verdict
 
 RECENT = timedelta(hours=24)
 MAX_SEGMENTS_SHOWN = 10
@@ -164,17 +164,7 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
     ).select_related("segment", "segment__thread")
     found: dict[str, list[FrozenSegment]] = defaultdict(list)
     for refusal in refusals:
-        verdict = refusal_verdict(
-            ProviderRefusal(
-                refusal.provider_id,
-                refusal.model or None,
-                refusal.category or None,
-                refusal.refusals,
-                refusal.refused_at,
-            ),
-            now,
-            delays,
-        )
+        verdict = refusal_verdict(services.refusal_of(refusal), now, delays)
         if verdict.state == "eligible":
             continue  # a re-probe is due: not skipped right now
         found[refusal.provider_id].append(

@@ -60,16 +60,6 @@ class ProviderState:
         return self.state == "eligible" and bool(self.refusals)
 
 
-def _refusal_of(row: SegmentRefusal) -> ProviderRefusal:
-    return ProviderRefusal(
-        provider_id=row.provider_id,
-        model=row.model or None,
-        category=row.category or None,
-        refusals=row.refusals,
-        refused_at=row.refused_at,
-    )
-
-
 def state_moment(segment: Segment, now: datetime) -> datetime:
     """A closed segment keeps the state it had when it closed; an open one is read now."""
     return segment.closed_at or now
