@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from governance.health import HealthVerdict
-from governance.refusal import ProviderRefusal, refusal_verdict
-from governance.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
+from governance.rules.health import HealthVerdict
+from governance.rules.refusal import ProviderRefusal, refusal_verdict
+from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 
 TARGET_US = 100.0
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)

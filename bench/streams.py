@@ -46,7 +46,7 @@ def setup_run() -> str:
     from django.core.management import call_command
 
     from dashboard.api import token_digest
-    from governance import clock, services
+    from governance import services, time_source
     from governance.models import ApiToken, Provider
 
     call_command("migrate", verbosity=0)
@@ -57,17 +57,17 @@ def setup_run() -> str:
     Provider.objects.get_or_create(
         provider_id="bench-streams", defaults={"kind": "scripted", "model": "m"}
     )
-    thread = services.create_thread(provider_chain=["bench-streams"], now=clock.now())
-    run, _stage, _ = services.submit_run(thread, input="a long answer", now=clock.now())
-    services.commit_chunks(run, [f"part {i} " for i in range(1, 21)], clock.now())
+    thread = services.create_thread(provider_chain=["bench-streams"], now=time_source.now())
+    run, _stage, _ = services.submit_run(thread, input="a long answer", now=time_source.now())
+    services.commit_chunks(run, [f"part {i} " for i in range(1, 21)], time_source.now())
     return str(run.id)
 
 
 def commit_one(run_id: str) -> None:
-    from governance import clock, services
+    from governance import services, time_source
     from governance.models import Run
 
-    services.commit_chunks(Run.objects.get(id=run_id), ["the late part"], clock.now())
+    services.commit_chunks(Run.objects.get(id=run_id), ["the late part"], time_source.now())
 
 
 def proc_cpu_s(pid: int) -> float:

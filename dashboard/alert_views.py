@@ -22,9 +22,9 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.queries import alerts as queries
-from governance import clock, services
+from governance import services, time_source
 from governance.models import Notification
-from governance.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 PER_PAGE = 25
 ACK_PERMISSION = "governance.acknowledge_notification"
@@ -105,7 +105,7 @@ def acknowledge(request: HttpRequest, notification_id: int) -> HttpResponse:
         raise PermissionDenied("Acknowledging alerts needs the on-call or operator role.")
     try:
         notification, changed = services.acknowledge_notification(
-            notification_id, user=request.user, now=clock.now()
+            notification_id, user=request.user, now=time_source.now()
         )
     except Notification.DoesNotExist:
         raise Http404("No such alert.") from None

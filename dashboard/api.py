@@ -22,7 +22,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import ApiToken, Run, Segment, Thread
 from tasks import instrumentation as spans
 from tasks.runner import publish
@@ -145,7 +145,7 @@ def _seconds(data: dict, name: str) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise ApiError(400, name, "must be a positive number of seconds")
     try:
-        clock.now() + timedelta(seconds=value)
+        time_source.now() + timedelta(seconds=value)
     except (OverflowError, ValueError):
         raise ApiError(400, name, "is too large") from None
     return value
@@ -322,10 +322,10 @@ def create_thread(request: HttpRequest) -> JsonResponse:
         system_prompt=_field(data, "system_prompt", str, default=""),
         callback_url=_callback_url(data),
         user=request.api_user,
-        now=clock.now(),
+        now=time_source.now(),
     )
     body = thread_json(thread)
-    body["segment"] = segment_json(services.open_segment(thread), clock.now())
+    body["segment"] = segment_json(services.open_segment(thread), time_source.now())
     return JsonResponse(body, status=201)
 
 
@@ -333,14 +333,14 @@ def create_thread(request: HttpRequest) -> JsonResponse:
 def thread_detail(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
     body = thread_json(thread)
-    body["segment"] = segment_json(services.open_segment(thread), clock.now())
+    body["segment"] = segment_json(services.open_segment(thread), time_source.now())
     return JsonResponse(body)
 
 
 @api_view(("GET",))
 def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
-    return JsonResponse(segment_json(services.open_segment(thread), clock.now()))
+    return JsonResponse(segment_json(services.open_segment(thread), time_source.now()))
 
 
 @api_view(("POST",))
@@ -357,7 +357,7 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
             thread,
             input=text,
             user=request.api_user,
-            now=clock.now(),
+            now=time_source.now(),
             idempotency_key=_field(data, "idempotency_key", str, default=None, max_length=200),
             limits=budget,
             **numbers,
@@ -392,7 +392,9 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
         raise ApiError(404, None, "no such run") from None
     if run.status == Run.Status.SETTLED:
         raise ApiError(409, None, "the run is already settled; nothing to cancel")
-    changed = services.request_cancel(run, by=request.api_user.get_username(), now=clock.now())
+    changed = services.request_cancel(
+        run, by=request.api_user.get_username(), now=time_source.now()
+    )
     if changed:
         # A queued run settles at once when its next stage is picked up; give
         # it a nudge so an idle run does not wait for the watchdog.
@@ -424,9 +426,9 @@ def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
         mode=_field(data, "mode", str, default=None, max_length=50),
         tool_surface=_string_list(data, "tool_surface"),
         system_prompt=_field(data, "system_prompt", str, default=None),
-        now=clock.now(),
+        now=time_source.now(),
     )
     if not created and segment.thread_id != thread.id:
         # The key was spent on another thread's boundary: never answer with its segment.
         raise ApiError(400, "idempotency_key", "already used for another thread")
-    return JsonResponse(segment_json(segment, clock.now()), status=201 if created else 200)
+    return JsonResponse(segment_json(segment, time_source.now()), status=201 if created else 200)

@@ -11,8 +11,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from dashboard.queries import providers as queries
-from governance import clock
-from governance.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+from governance import time_source
+from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 PER_PAGE = 25
 
@@ -20,7 +20,7 @@ PER_PAGE = 25
 @require_GET
 @login_required
 def providers(request: HttpRequest) -> HttpResponse:
-    now = clock.now()
+    now = time_source.now()
     rows = queries.provider_rows(now)
     page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
     queries.add_details(list(page_obj.object_list), now)

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from dashboard.queries import report as q
-from governance import clock
+from governance import time_source
 
 PER_PAGE = 25
 MAX_DAYS = 366
@@ -359,7 +359,7 @@ def _range_words(form: ReportForm) -> str:
 @permission_required(PERMISSION, raise_exception=True)
 def delivery_report(request: HttpRequest) -> HttpResponse:
     """R7.4/R8.4: outcome vs committed/sent/observed chunks and callbacks, per run and group."""
-    now = clock.now()
+    now = time_source.now()
     form = _form(request, now)
     fragment = request.htmx and not request.htmx.history_restore_request
     template = "reports/delivery.html#report-body" if fragment else "reports/delivery.html"
@@ -404,7 +404,7 @@ def _filename_part(bound: Any) -> str:
 @permission_required(PERMISSION, raise_exception=True)
 def delivery_report_csv(request: HttpRequest) -> HttpResponse:
     """R8.4: the same filters and grouping as the page: aggregate rows, then discrepancy rows."""
-    form = _form(request, clock.now())
+    form = _form(request, time_source.now())
     if not form.is_valid():
         errors = "; ".join(
             f"{name}: {' '.join(messages)}" if name != "__all__" else " ".join(messages)

@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from dashboard.queries import runs as queries
-from governance import clock
+from governance import time_source
 from governance.models import Provider, Run
 
 PAGE_SIZE = 25
@@ -88,7 +88,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         "form": form,
         "filters": filters,
         "page_obj": page,
-        "rows": queries.run_rows(list(page.object_list), clock.now()),
+        "rows": queries.run_rows(list(page.object_list), time_source.now()),
     }
     template = "runs/list.html#run-list" if request.htmx else "runs/list.html"
     return render(request, template, context, status=200 if valid else 400)
@@ -97,6 +97,6 @@ def runs(request: HttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-    page = queries.run_page(run_id, clock.now())
+    page = queries.run_page(run_id, time_source.now())
     template = "runs/detail.html#run-body" if request.htmx else "runs/detail.html"
     return render(request, template, {"page": page, "run": page.run})

@@ -22,8 +22,8 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from dashboard.queries import segments as queries
 from dashboard.status import human_duration
-from governance import clock, services
-from governance.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+from governance import services, time_source
+from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 PAGE_SIZE = 25
 TIMELINE_PAGE = 50
@@ -86,7 +86,7 @@ class SegmentFilters(forms.Form):
 @require_GET
 @login_required
 def segments(request: HttpRequest) -> HttpResponse:
-    now = clock.now()
+    now = time_source.now()
     delays = services.reprobe_delays()
     models = queries.provider_models()
     form = SegmentFilters(request.GET, providers=list(models))
@@ -156,7 +156,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     if request.htmx and before is not None:
         # "Show older": only the next stretch of the timeline.
         return render(request, "segments/detail.html#timeline-page", context)
-    now = clock.now()
+    now = time_source.now()
     delays = services.reprobe_delays()
     states = queries.provider_states(
         segment, segment.thread.provider_chain, queries.provider_models(), now, delays
@@ -210,7 +210,7 @@ def _boundary_page(
         segment,
         segment.thread.provider_chain,
         queries.provider_models(),
-        clock.now(),
+        time_source.now(),
         services.reprobe_delays(),
     )
     context = {
@@ -281,7 +281,7 @@ def apply_boundary(request: HttpRequest, segment_id: int) -> HttpResponse:
             data["kind"],
             by=request.user.get_username(),
             reason=data["reason"],
-            now=clock.now(),
+            now=time_source.now(),
             idempotency_key=data["idempotency_key"],
             model=data["model"] if data["kind"] == "model_switch" else None,
             expected_segment=segment,

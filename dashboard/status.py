@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from governance.refusal import MAX_REFUSAL_REPROBES, REFUSAL_REPROBE_DELAYS, RULE_TEXT
+from governance.rules.refusal import MAX_REFUSAL_REPROBES, REFUSAL_REPROBE_DELAYS, RULE_TEXT
 from tasks.jobs import read_heartbeat
 from tasks.telemetry import exporter_mode
 

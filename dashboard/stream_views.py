@@ -36,9 +36,9 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
 from dashboard.api import ApiError, _authenticate, error_response
-from governance import clock, services
-from governance import services_stream as stream
+from governance import services, time_source
 from governance.models import Run, RunEvent, Settlement
+from governance.services import stream as stream
 from tasks.runner import publish
 
 POLL_S = 0.5  # how often new events are looked for
@@ -93,7 +93,7 @@ def _open_stream(request: HttpRequest, run_id: str) -> tuple[Run, int, str]:
         last_id = _last_event_id(request)
         connection_id = uuid.uuid4().hex
         stream.connect_viewer(
-            run, connection_id=connection_id, last_event_id=last_id, now=clock.now()
+            run, connection_id=connection_id, last_event_id=last_id, now=time_source.now()
         )
         return run, last_id, connection_id
     finally:
@@ -191,7 +191,7 @@ async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[by
                 yield b"".join(_frame(*event) for event in events)
                 # Resumed: the previous bytes were handed to the transport.
                 last_id = events[-1][0]
-                await _db(_written)(run_id, connection_id, events, clock.now())
+                await _db(_written)(run_id, connection_id, events, time_source.now())
                 idle_since = time.monotonic()
                 if _ends(events):
                     return  # R7.1: settlement streamed: replay/stream ends here
@@ -212,7 +212,7 @@ async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[by
 
 
 def _detach(connection_id: str) -> None:
-    stream.detach_viewer(connection_id, now=clock.now())
+    stream.detach_viewer(connection_id, now=time_source.now())
 
 
 # --------------------------------------------------------------------------- WSGI path
@@ -228,7 +228,7 @@ def _sync_events(run_id, last_id: int, connection_id: str) -> Iterator[bytes]:
             if events:
                 yield b"".join(_frame(*event) for event in events)
                 last_id = events[-1][0]
-                _written(run_id, connection_id, events, clock.now())
+                _written(run_id, connection_id, events, time_source.now())
                 idle_since = time.monotonic()
                 if _ends(events):
                     return
@@ -288,7 +288,7 @@ def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
     if not isinstance(data, dict) or "through" not in data:
         raise ApiError(400, "through", 'send {"through": <highest contiguous chunk_no>}')
     try:
-        result = stream.record_ack(run, data["through"], now=clock.now())
+        result = stream.record_ack(run, data["through"], now=time_source.now())
     except services.ServiceError as exc:
         raise ApiError(400, exc.field, exc.message) from None
     return JsonResponse(
@@ -331,7 +331,7 @@ def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     run = get_object_or_404(Run, id=run_id)
     if run.status == Run.Status.SETTLED:
         return error_response(409, None, "the run is already settled; nothing to stop")
-    changed = services.request_cancel(run, by=request.user.get_username(), now=clock.now())
+    changed = services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
     if changed:
         # Like the cancel API: nudge the pending stage so the stop is seen promptly.
         pending = run.stages.filter(finished_at__isnull=True).values_list("id", flat=True)

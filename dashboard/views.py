@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 
 from dashboard.queries import overview as overview_queries
 from dashboard.status import refusal_rule_summary, system_status
-from governance import clock
+from governance import time_source
 
 
 @require_GET
@@ -21,7 +21,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     htmx polls the board fragment (and refreshes it right after an
     acknowledgement), so the page updates without a reload.
     """
-    now = clock.now()
+    now = time_source.now()
     alerts, alert_total = overview_queries.critical_unacknowledged()
     troubled, troubled_total = overview_queries.troubled_segments(now)
     clocks = overview_queries.clock_percentiles(now)

@@ -96,7 +96,7 @@ class Thread(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
-    created_at = models.DateTimeField()  # from governance.clock, like every other fact
+    created_at = models.DateTimeField()  # from governance.time_source, like every other fact
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,6 +1,6 @@
 """Outbound alert delivery (R3.6, R8.2): the calls that reach people.
 
-It decides nothing on its own: ``governance.services_alerts`` claims the
+It decides nothing on its own: ``governance.services.alerts`` claims the
 outbox row (written ``sending`` before the call), this module makes the call
 and classifies what came back, and the service records it — retry with
 backoff when transient (429, 5xx, network), disable the channel when
@@ -28,9 +28,10 @@ from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.urls import NoReverseMatch, reverse
 
-from governance import clock, services_alerts
+from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
-from governance.services_alerts import DeliveryResult
+from governance.services import alerts as services_alerts
+from governance.services.alerts import DeliveryResult
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def deliver_alert(delivery_id: int) -> str:
 def deliver_due() -> int:
     """Beat: re-send due retries and rows whose publish was lost. A claim is a
     conditional update, so a duplicate send is harmless."""
-    ids = services_alerts.due_deliveries(clock.now())
+    ids = services_alerts.due_deliveries(time_source.now())
     for delivery_id in ids:
         deliver_alert.delay(delivery_id)
     return len(ids)
@@ -65,18 +66,18 @@ def deliver_due() -> int:
 @shared_task(name="tasks.alerts.escalate_alerts", ignore_result=True)
 def escalate_alerts() -> int:
     """Beat: re-notify unacknowledged critical alerts to the next tier (R8.2)."""
-    return len(services_alerts.escalate_due(clock.now()))
+    return len(services_alerts.escalate_due(time_source.now()))
 
 
 def deliver_all_due(now: datetime | None = None) -> list[str]:
     """Deliver every due row in this process (the sweep without the broker)."""
-    return [deliver(i) for i in services_alerts.due_deliveries(now or clock.now())]
+    return [deliver(i) for i in services_alerts.due_deliveries(now or time_source.now())]
 
 
 def deliver(delivery_id: int) -> str:
     """Claim, call, record. Returns the row's new state, or "skipped" when
     another worker holds it or it needs no call."""
-    delivery = services_alerts.claim_delivery(delivery_id, clock.now())
+    delivery = services_alerts.claim_delivery(delivery_id, time_source.now())
     if delivery is None:
         return "skipped"
     try:
@@ -84,7 +85,7 @@ def deliver(delivery_id: int) -> str:
     except Exception as exc:  # a bug here must not lose the alert: retry, and say why
         log.exception("alert delivery %s crashed", delivery_id)
         result = DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
-    return services_alerts.record_result(delivery, result, clock.now())
+    return services_alerts.record_result(delivery, result, time_source.now())
 
 
 # --------------------------------------------------------------------------- messages
@@ -211,7 +212,7 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - clock.now()).total_seconds())
+    return max(0.0, (when - time_source.now()).total_seconds())
 
 
 def classify_response(response: httpx.Response) -> DeliveryResult:

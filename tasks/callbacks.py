@@ -1,6 +1,6 @@
 """Completion callbacks (R7.3): POST the settlement to the run's callback URL.
 
-The facts and rules live in ``governance.services_callbacks``; this module only
+The facts and rules live in ``governance.services.callbacks``; this module only
 makes the HTTP call between "attempt recorded" and "result recorded":
 
     claim (sending, attempts+1) → POST → record (delivered / retry / failed)
@@ -20,8 +20,8 @@ import httpx
 from celery import shared_task
 from django.conf import settings
 
-from governance import clock
-from governance import services_callbacks as callbacks
+from governance import time_source
+from governance.services import callbacks as callbacks
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def _retry_after(value: str | None) -> float | None:
         moment = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max((moment - clock.now()).total_seconds(), 0.0)
+    return max((moment - time_source.now()).total_seconds(), 0.0)
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> callbacks.Result:
@@ -71,12 +71,12 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> callbacks.Result:
 
 def deliver(callback_id: int) -> str:
     """Claim the next attempt, POST, record. Returns the new state, or why nothing was sent."""
-    claim = callbacks.claim_attempt(callback_id, clock.now())
+    claim = callbacks.claim_attempt(callback_id, time_source.now())
     if claim is None:
         return "not claimed"  # not due, already final, or another worker got there first
     row = claim.callback
     body = callbacks.body_bytes(row)
-    timestamp = str(int(clock.now().timestamp()))
+    timestamp = str(int(time_source.now().timestamp()))
     headers = {
         "Content-Type": "application/json",
         callbacks.IDEMPOTENCY_HEADER: row.idempotency_key,
@@ -85,7 +85,7 @@ def deliver(callback_id: int) -> str:
         "User-Agent": "agent-governance-callback/1",
     }
     result = post(row.url, body, headers)
-    state = callbacks.record_result(claim, result, clock.now())
+    state = callbacks.record_result(claim, result, time_source.now())
     log.info("callback %s attempt %s → %s (%s)", row.id, claim.attempt, state, result.status or "-")
     return state or "superseded"
 
@@ -102,7 +102,7 @@ def resend_due(*, inline: bool = False) -> int:
     clock), and ``sending`` rows whose worker lost its lease. The claim makes a
     duplicate publish harmless.
     """
-    ids = callbacks.due_ids(clock.now())
+    ids = callbacks.due_ids(time_source.now())
     for callback_id in ids:
         if inline:
             deliver(callback_id)

@@ -11,7 +11,7 @@ Trace shape of one run::
 Every stage span carries the four clocks of R6.1 (``CLOCK_ATTRIBUTES``), so a
 long queue wait is visibly a queue span, never execution time (R6.2).
 
-Times come from the injected clock (``governance.clock``), which may be far
+Times come from the injected clock (``governance.time_source``), which may be far
 from wall time, so every span gets explicit start/end nanoseconds from the
 datetimes the runner passes in.
 
@@ -203,9 +203,9 @@ def _ms(delta: timedelta) -> int:
 def _fallback_now(not_before: datetime) -> datetime:
     # A block that raised before .end()/.finish(): the injected clock is the
     # best time we have. Never before the span's start.
-    from governance import clock
+    from governance import time_source
 
-    return max(clock.now(), not_before)
+    return max(time_source.now(), not_before)
 
 
 def _attribute_value(value: Any) -> Any:

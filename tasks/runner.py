@@ -21,13 +21,13 @@ from celery import shared_task
 from django.db import transaction
 from django.db.models import Q
 
-from governance import clock, services
-from governance import clocks as clock_rules
-from governance import lifecycle as lc
-from governance.health import Classification, classify_attempt
+from governance import services, time_source
 from governance.models import Provider, Run, Stage, Thread, ToolReceipt
-from governance.refusal import RULE_TEXT, every_provider_frozen, refusal_verdict
-from governance.routing import (
+from governance.rules import lifecycle as lc
+from governance.rules import run_clocks as clock_rules
+from governance.rules.health import Classification, classify_attempt
+from governance.rules.refusal import RULE_TEXT, every_provider_frozen, refusal_verdict
+from governance.rules.routing import (
     AttemptOutcome,
     Candidate,
     ChainEntry,
@@ -83,7 +83,7 @@ def publish(stage_ids: list[int], countdowns: dict[int, float] | None = None) ->
 
 
 def run_stage(stage_id: int) -> str:
-    now = clock.now()
+    now = time_source.now()
     stage = services.claim_stage(stage_id, now, lease=_lease())
     if stage is None:
         return "already handled"
@@ -118,7 +118,7 @@ def run_stage(stage_id: int) -> str:
             log.exception("stage %s failed", stage.id)
             result = _record_local_failure(run, stage, exc)
         finished = Stage.objects.get(id=stage.id)
-        end = finished.finished_at or clock.now()
+        end = finished.finished_at or time_source.now()
         execution.set_attributes(
             {
                 **spans.clock_attributes(finished.clocks or _clocks(run, finished, end)),
@@ -135,7 +135,7 @@ def _record_local_failure(run: Run, stage: Stage, exc: Exception) -> str:
     """An unexpected error in one stage is that stage's failed operation (R4.1,
     R4.2): recorded as a fact, the stage closed, the lifecycle decides."""
     execution = StageExecution(Run.objects.get(id=run.id), Stage.objects.get(id=stage.id))
-    now = clock.now()
+    now = time_source.now()
     words = f"{type(exc).__name__}: {exc}"[:500]
     model_stage = stage.kind in (Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION)
     try:
@@ -256,7 +256,7 @@ class StageExecution:
 
     # ---- entry
     def execute(self) -> str:
-        now = clock.now()
+        now = time_source.now()
         run = self.run
         if run.cancel_requested_at is not None or now >= run.deadline_at:
             with transaction.atomic():
@@ -346,7 +346,7 @@ class StageExecution:
             if created:
                 # R7.3: the callback row is written with the settlement (same
                 # transaction) and published only once both are committed.
-                from governance import services_callbacks
+                from governance.services import callbacks as services_callbacks
                 from tasks.callbacks import deliver_callback
 
                 callback = services_callbacks.create_for_settlement(run, _row, now)
@@ -402,7 +402,7 @@ class StageExecution:
                     run__thread_id=self.run.thread_id,
                     kind__in=(Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION),
                     finished_at__isnull=True,
-                    claimed_at__gte=clock.now() - _lease(),
+                    claimed_at__gte=time_source.now() - _lease(),
                 )
                 .exclude(id=stage.id)
                 .filter(Q(claimed_at__lt=self.claim) | Q(claimed_at=self.claim, id__lt=stage.id))
@@ -428,7 +428,7 @@ class StageExecution:
         Cooling providers come back by themselves: the run settles honestly
         but nobody is paged for a wait the rule will end on its own (R3.6).
         """
-        from governance.refusal import Notice
+        from governance.rules.refusal import Notice
 
         segment = self.turn_segment or services.open_segment(self.run.thread)
         if not every_provider_frozen(
@@ -479,7 +479,7 @@ class StageExecution:
             for p in Provider.objects.filter(provider_id__in=run.thread.provider_chain)
         }
         chain = _chain(run.thread.provider_chain, providers, segment.model)
-        start = clock.now()
+        start = time_source.now()
         refusals = services.segment_refusals(segment)
         delays = services.reprobe_delays()
         memory = services.turn_memory(list(providers), start)
@@ -503,7 +503,7 @@ class StageExecution:
         def send(candidate: Candidate, kind: str) -> AttemptOutcome:
             provider = providers[candidate.provider_id]
             step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
-            now = clock.now()
+            now = time_source.now()
             purpose = {"re_render": "rerender", "re_probe": "reprobe"}.get(kind, "original")
             if stage.payload.get("recovery"):
                 purpose = "recovery"
@@ -548,10 +548,10 @@ class StageExecution:
                     _config(provider),
                     request,
                     limits=limits,
-                    clock=clock.current(),
+                    clock=time_source.current(),
                     on_event=lambda event: _on_event(run, event),
                 )
-                ended = clock.now()
+                ended = time_source.now()
                 classification = classify_attempt(response.evidence, ended)
                 verdict = refusal_verdict(refusals.get(provider.provider_id), now, delays)
                 attempt.finish(
@@ -591,7 +591,7 @@ class StageExecution:
 
     def _close_model_turn(self, segment, session, increment, calls, outcome, final) -> str:
         run, stage = self.run, self.stage
-        now = clock.now()
+        now = time_source.now()
         attempts = [
             {
                 "provider": call.provider,
@@ -843,7 +843,7 @@ class StageExecution:
         # the key names the turn that asked and the call's position in it.
         turn = payload.get("turn_stage", stage.id)
         key = f"run:{run.id}:turn{turn}:{payload['index']}:{call['id']}"
-        now = clock.now()
+        now = time_source.now()
         receipt, created = services.open_receipt(
             run,
             stage,
@@ -866,9 +866,9 @@ class StageExecution:
         else:
             effect, output, error = self._perform_tool(call, key, now)
             services.close_receipt(
-                receipt, effect=effect, output=output, error=error, now=clock.now()
+                receipt, effect=effect, output=output, error=error, now=time_source.now()
             )
-        now = clock.now()
+        now = time_source.now()
         results = [
             *payload.get("results", []),
             {
@@ -941,7 +941,7 @@ class StageExecution:
         for key in payload["keys"]:
             receipt = ToolReceipt.objects.get(idempotency_key=key)
             results[key] = (receipt, verify_webhook(receipt.arguments, idempotency_key=key))
-        now = clock.now()
+        now = time_source.now()
         resume = payload.get("resume") or {}
         next_work = resume.get("next")
         still_unknown = []
@@ -1084,7 +1084,7 @@ def _tool_message(name: str, effect: str, output: Any, error: str) -> str:
 
 def watchdog_pass(*, stale_after: timedelta = timedelta(minutes=2)) -> dict[str, int]:
     """One pass of the clock watchdog (R6.1, R6.3); returns what it did."""
-    now = clock.now()
+    now = time_source.now()
     lease = _lease()
     breached = republished = 0
     for run in Run.objects.exclude(status=Run.Status.SETTLED).select_related("thread", "segment"):

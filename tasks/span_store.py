@@ -282,13 +282,13 @@ def span_store_enabled() -> bool:
 @shared_task(name="tasks.span_store.prune_span_store", ignore_result=True)
 def prune_span_store() -> int:
     """Beat job: keep the span store bounded (SPAN_STORE_MAX_AGE_HOURS / _MAX_ROWS)."""
-    from governance import clock
+    from governance import time_source
 
     max_age = timedelta(
         hours=float(getattr(settings, "SPAN_STORE_MAX_AGE_HOURS", DEFAULT_MAX_AGE_HOURS))
     )
     max_rows = int(getattr(settings, "SPAN_STORE_MAX_ROWS", DEFAULT_MAX_ROWS))
-    deleted = prune_spans(clock.now(), max_age, max_rows)
+    deleted = prune_spans(time_source.now(), max_age, max_rows)
     if deleted:
         logger.info("span store: pruned %d span(s)", deleted)
     return deleted

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from governance.refusal import RULE_TEXT, ProviderRefusal, record_refusal, refusal_notice
+from governance.rules.refusal import RULE_TEXT, ProviderRefusal, record_refusal, refusal_notice
 from tests.conftest import REPO_ROOT
 
 # Claims that contradict bounded re-probes (or the freeze).

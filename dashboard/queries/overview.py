@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from django.db.models import Count
 
 from governance import services
-from governance.health import health_verdict
 from governance.models import (
     Notification,
     Provider,
@@ -19,7 +18,8 @@ from governance.models import (
     SegmentRefusal,
     Stage,
 )
-from governance.refusal import refusal_verdict
+from governance.rules.health import health_verdict
+from governance.rules.refusal import refusal_verdict
 
 CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
 MAX_CLOCK_SAMPLES = 5000

@@ -1,7 +1,7 @@
 """Reads for the Providers page (R2.1–R2.3, R3.6, R8.1, R8.2). Read-only.
 
 The breaker verdict is computed like ``governance.services.health_verdicts``
-(the rule ``governance.health.health_verdict`` with the provider's
+(the rule ``governance.rules.health.health_verdict`` with the provider's
 ``config_fingerprint()``), but from rows fetched in one query and without
 creating missing health rows: a page view never writes.
 """
@@ -16,12 +16,6 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, Q
 
 from governance import services
-from governance.health import (
-    FAILURE_CLASSES,
-    TIME_BASED_CLASSES,
-    HealthVerdict,
-    health_verdict,
-)
 from governance.models import (
     AlertChannel,
     NotificationDelivery,
@@ -30,7 +24,13 @@ from governance.models import (
     ProviderHealthState,
     SegmentRefusal,
 )
-from governance.refusal import refusal_verdict
+from governance.rules.health import (
+    FAILURE_CLASSES,
+    TIME_BASED_CLASSES,
+    HealthVerdict,
+    health_verdict,
+)
+from governance.rules.refusal import refusal_verdict
 
 RECENT = timedelta(hours=24)
 MAX_SEGMENTS_SHOWN = 10

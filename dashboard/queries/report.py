@@ -1,7 +1,7 @@
 """Read-only queries of the delivery-versus-settlement report (R7.2–R7.4, R8.4).
 
 Counts are grouped in the database. Discrepancies are judged per run by the pure
-rules in ``governance.publication`` (never re-implemented here): the facts of every
+rules in ``governance.rules.publication`` (never re-implemented here): the facts of every
 run in the window are read in four queries (settlements, body chunks, unknown
 tool receipts, completion callback records), whatever the number of runs.
 
@@ -45,7 +45,7 @@ from governance.models import (
     Settlement,
     ToolReceipt,
 )
-from governance.publication import (
+from governance.rules.publication import (
     CallbackStatus,
     ChunkFacts,
     DeliveryVerdict,
@@ -67,7 +67,7 @@ VERDICTS: tuple[str, ...] = (
 )
 NO_PROVIDER = ""  # the group of runs that never reached a provider
 
-# Not a rule of governance.publication: the report's own word for rows it cannot read.
+# Not a rule of governance.rules.publication: the report's own word for rows it cannot read.
 FACTS_UNREADABLE = "publication_facts_unreadable"
 
 # Short plain words per code, for the list (the rule's own text says the details).

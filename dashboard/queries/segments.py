@@ -1,6 +1,6 @@
 """Read-only queries for the segment pages (R8.1, R8.3).
 
-Per (segment, provider) the refusal state is what ``governance.refusal``
+Per (segment, provider) the refusal state is what ``governance.rules.refusal``
 says about the stored two numbers: these helpers only read rows in batches
 and ask the rule (``refusal_verdict``); they never re-implement it.
 """
@@ -26,7 +26,7 @@ from governance.models import (
     Segment,
     SegmentRefusal,
 )
-from governance.refusal import (
+from governance.rules.refusal import (
     ProviderRefusal,
     RefusalError,
     refusal_from_card,

@@ -7,7 +7,7 @@ from datetime import datetime
 from django import template
 from django.utils.html import format_html
 
-from governance import clock
+from governance import time_source
 
 register = template.Library()
 
@@ -37,7 +37,7 @@ def when(moment: datetime | None, empty: str = "—"):
         '<time datetime="{}" title="{}">{}</time>',
         iso,
         moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        relative(moment, clock.now()),
+        relative(moment, time_source.now()),
     )
 
 

@@ -1,7 +1,7 @@
 """Provider adapters: real clients of the LLM wire protocols (R2, R6.1, R6.2).
 
 ``call_provider`` performs one attempt and returns a ``ProviderResponse``
-whose ``evidence`` says what was observed; ``governance.health`` classifies
+whose ``evidence`` says what was observed; ``governance.rules.health`` classifies
 it. Provider and network failures never raise: they are evidence. Only
 programming errors raise ``ValueError`` (unknown kind, bad config or script,
 bad limits, a clock that does not return an aware datetime).

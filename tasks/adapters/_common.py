@@ -3,7 +3,7 @@ events, SSE parsing, tool-call assembly, httpx timeouts and the mapping of
 transport failures to evidence.
 
 Nothing here classifies: an attempt only *records* what it saw (status, codes,
-which clock fired, whether the body completed) and ``governance.health``
+which clock fired, whether the body completed) and ``governance.rules.health``
 names the class.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from governance.health import AttemptEvidence
+from governance.rules.health import AttemptEvidence
 from tasks.adapters.base import (
     CallLimits,
     Clock,
@@ -109,7 +109,7 @@ class StreamRecorder:
         """The clock that ran out, named with the R6.2 precedence, or None.
 
         deadline_exceeded > no_progress > stage_timeout (as
-        ``governance.clocks.name_timeout``); reaching a limit counts.
+        ``governance.rules.run_clocks.name_timeout``); reaching a limit counts.
         """
         budget_out = self.budget_left_s() <= 0
         if budget_out and self.limits.deadline_bound:

@@ -19,7 +19,7 @@ Wire format:
   529 is "overloaded".
 
 R2.4 refusal evidence is ``stop_reason == "refusal"``; classification is
-``governance.health``'s job.
+``governance.rules.health``'s job.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An adapter is a real client of one wire protocol. It never decides anything:
 it performs one request, streams the response, and reports what it observed
-as ``AttemptEvidence`` (classified by ``governance.health``) plus the stream
+as ``AttemptEvidence`` (classified by ``governance.rules.health``) plus the stream
 events the clocks need (R6.1: heartbeats are not progress).
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from governance.health import AttemptEvidence
+from governance.rules.health import AttemptEvidence
 
 Role = Literal["system", "user", "assistant", "tool"]
 StreamEventKind = Literal[

@@ -17,7 +17,7 @@ Wire format (what real servers send, and what the tests' loopback servers speak)
 R2.4 refusal evidence: ``finish_reason == "content_filter"``, a non-empty
 ``delta.refusal`` / ``message.refusal``, or a content-policy error code (on a
 400, or in a stream error chunk, which carries no status). The adapter only
-reports them; ``governance.health.classify_attempt`` decides.
+reports them; ``governance.rules.health.classify_attempt`` decides.
 """
 
 from __future__ import annotations

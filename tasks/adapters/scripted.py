@@ -89,7 +89,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from governance.health import TRANSPORT_ERRORS
+from governance.rules.health import TRANSPORT_ERRORS
 from tasks.adapters._common import Attempt, StreamRecorder
 from tasks.adapters.base import (
     CallLimits,

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from governance import clock, services
-from governance.lifecycle import Outcome, ReasonCode, Settlement
+from governance import services, time_source
 from governance.models import AuditEntry, Notification, Provider, SegmentRefusal
-from governance.refusal import ProviderRefusal, refusal_notice
+from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.rules.refusal import ProviderRefusal, refusal_notice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def frozen_segment():
     """A thread whose primary provider is frozen in its open segment, with the alert."""
-    now = clock.now()
+    now = time_source.now()
     for pid in ("primary", "backup"):
         Provider.objects.create(provider_id=pid, kind="scripted", model=f"{pid}-model")
     thread = services.create_thread(
@@ -88,7 +88,7 @@ def test_r8_4_manager_filters_a_week_sees_discrepancies_and_downloads_the_csv(
 ):
     import csv
 
-    now = clock.now()
+    now = time_source.now()
     Provider.objects.create(provider_id="primary", kind="scripted", model="primary-model")
     thread = services.create_thread(provider_chain=["primary"], now=now)
     run, _stage, _ = services.submit_run(thread, input="report please", now=now - timedelta(days=2))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dashboard import stream_views
-from governance import clock, services
+from governance import services, time_source
 from governance.models import BodyChunk, Provider, Run, RunViewer, Stage
 from tests.tasks.conftest import worker  # noqa: F401  (a real Celery worker on Redis)
 
@@ -29,8 +29,10 @@ def run():
         provider_id="scripted-primary", kind="scripted", model="m",
         script={"default": {"answer": {"text": "never used"}}},
     )  # fmt: skip
-    thread = services.create_thread(provider_chain=["scripted-primary"], now=clock.now())
-    the_run, _stage, _ = services.submit_run(thread, input="Explain the plan", now=clock.now())
+    thread = services.create_thread(provider_chain=["scripted-primary"], now=time_source.now())
+    the_run, _stage, _ = services.submit_run(
+        thread, input="Explain the plan", now=time_source.now()
+    )
     return the_run
 
 
@@ -55,7 +57,7 @@ def test_r7_1_r7_3_network_drop_mid_answer_loses_and_duplicates_nothing(
     parts = ["The plan has four parts. ", "First, gather the facts. ", "Second, decide. ",
              "Third, act. ", "Fourth, report back."]  # fmt: skip
     stages_before = Stage.objects.filter(run=run).count()
-    services.commit_chunks(run, parts[:2], clock.now())
+    services.commit_chunks(run, parts[:2], time_source.now())
     page = page_for(outsider.username)
     page.goto(f"{live_server.url}/runs/{run.id}/watch")
     answer = page.locator("#answer")
@@ -68,11 +70,11 @@ def test_r7_1_r7_3_network_drop_mid_answer_loses_and_duplicates_nothing(
     wait_until(
         lambda: RunViewer.objects.filter(run=run, state="detached").exists(), what="detached viewer"
     )
-    services.commit_chunks(run, parts[2:4], clock.now())  # committed while the page is away
+    services.commit_chunks(run, parts[2:4], time_source.now())  # committed while the page is away
     shots(page, "2-offline")
     time.sleep(1.0)
     page.context.set_offline(False)
-    services.commit_chunks(run, parts[4:], clock.now())
+    services.commit_chunks(run, parts[4:], time_source.now())
     page.wait_for_function("document.getElementById('answer').textContent.includes('report back')")
     assert answer.text_content() == committed_body(run) == "".join(parts)  # no dup, no gap
     wait_until(
@@ -103,7 +105,7 @@ def test_r7_1_stop_button_settles_cancelled_and_keeps_committed_chunks(
     live_server,
     worker,  # noqa: F811
 ):
-    services.commit_chunks(run, ["Partial answer, ", "still going"], clock.now())
+    services.commit_chunks(run, ["Partial answer, ", "still going"], time_source.now())
     page = page_for(outsider.username)
     page.goto(f"{live_server.url}/runs/{run.id}/watch")
     page.wait_for_function("document.getElementById('answer').textContent.includes('still going')")

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import AuditEntry, Notification, Provider
-from governance.refusal import RULE_TEXT
+from governance.rules.refusal import RULE_TEXT
 
 pytestmark = pytest.mark.django_db
 
@@ -21,9 +21,9 @@ HTMX = {"HX-Request": "true"}
 
 @pytest.fixture(autouse=True)
 def fixed_clock():
-    clock.install(clock.ManualClock(NOW))
+    time_source.install(time_source.ManualClock(NOW))
     yield
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture
@@ -327,7 +327,7 @@ def test_r8_2_second_ack_keeps_the_first_person_and_time(client, oncall, operato
     alert = notify(segment, "critical", minutes_ago=5)
     client.force_login(oncall)
     client.post(reverse("alert-ack", args=[alert.pk]), headers=HTMX)
-    clock.current().advance(minutes=3)
+    time_source.current().advance(minutes=3)
     client.force_login(operator)
     response = client.post(reverse("alert-ack", args=[alert.pk]), headers=HTMX)
     body = response.content.decode()

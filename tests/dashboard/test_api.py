@@ -15,8 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dashboard.api import token_digest
-from governance import clock, services
-from governance import lifecycle as lc
+from governance import services, time_source
 from governance.models import (
     ApiToken,
     AuditEntry,
@@ -35,6 +34,7 @@ from governance.models import (
     Thread,
     ThreadSession,
 )
+from governance.rules import lifecycle as lc
 
 pytestmark = pytest.mark.django_db
 
@@ -116,10 +116,10 @@ class JsonApi:
 @pytest.fixture
 def manual_clock():
     start = datetime(2030, 5, 17, 9, 30, tzinfo=UTC)
-    the_clock = clock.ManualClock(start)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(start)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture
@@ -260,7 +260,7 @@ def test_auth_comes_before_the_lookup_so_unknown_ids_do_not_leak(client, api):
 
 
 def test_auth_revoked_token_is_401_and_not_marked_used(client, api, token_row, providers):
-    ApiToken.objects.filter(pk=token_row.pk).update(revoked_at=clock.now())
+    ApiToken.objects.filter(pk=token_row.pk).update(revoked_at=time_source.now())
     before = counts()
     response = api.post("/api/v1/threads", {"provider_chain": ["alpha"]})
     api.error(response, 401, "Authorization")
@@ -454,7 +454,7 @@ def test_r1_2_create_thread_opens_session_1_segment_1_with_every_provider_eligib
     assert segment["key"] == f"{session.id}#1"
     assert segment["model"] == "beta-model"
     assert segment["tool_surface"] == ["calculator", "webhook"]
-    assert segment["opened_at"] == clock.now().isoformat()
+    assert segment["opened_at"] == time_source.now().isoformat()
     assert segment["closed_at"] is None and segment["closed_kind"] is None
     assert segment["closed_by"] is None and segment["close_reason"] is None
     assert [p["provider_id"] for p in segment["providers"]] == ["beta", "alpha"]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import AuditEntry, Provider
 
 pytestmark = pytest.mark.django_db
@@ -18,10 +18,10 @@ HTMX = {"HX-Request": "true"}
 
 @pytest.fixture(autouse=True)
 def manual_clock():
-    the_clock = clock.ManualClock(T0)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(T0)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     AuditEntry,
     Notification,
@@ -160,7 +160,7 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
 
     # The command leaves the process as it found it.
     assert celery_app.conf.task_always_eager is False
-    assert abs(clock.now() - datetime.now(UTC)) < timedelta(minutes=1)
+    assert abs(time_source.now() - datetime.now(UTC)) < timedelta(minutes=1)
 
     # Running it again adds nothing.
     counts = (Thread.objects.count(), Run.objects.count(), Notification.objects.count())

@@ -40,15 +40,15 @@ def test_create_api_token_for_unknown_user_fails_readably():
 def test_clock_advance_moves_the_shared_clock_for_rehearsals(settings, capsys):
     from django.core.cache import cache
 
-    from governance import clock
+    from governance import time_source
 
     settings.GOVERNANCE_CLOCK_ADJUSTABLE = True
-    cache.delete(clock.OFFSET_CACHE_KEY)
-    before = clock.now()
+    cache.delete(time_source.OFFSET_CACHE_KEY)
+    before = time_source.now()
     call_command("clock", "advance", "15m")
     assert "total offset 0:15:00" in capsys.readouterr().out
-    assert (clock.now() - before).total_seconds() >= 15 * 60
-    cache.delete(clock.OFFSET_CACHE_KEY)
+    assert (time_source.now() - before).total_seconds() >= 15 * 60
+    cache.delete(time_source.OFFSET_CACHE_KEY)
 
 
 def test_clock_advance_refuses_without_the_setting_and_bad_durations(settings):

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     Notification,
     Provider,
@@ -15,14 +15,14 @@ from governance.models import (
     SegmentRefusal,
     Stage,
 )
-from governance.refusal import ProviderRefusal, refusal_notice
+from governance.rules.refusal import ProviderRefusal, refusal_notice
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def frozen_world():
-    now = clock.now()
+    now = time_source.now()
     for pid in ("alpha", "beta"):
         Provider.objects.create(provider_id=pid, kind="scripted", model=f"{pid}-m")
     thread = services.create_thread(provider_chain=["alpha", "beta"], now=now)
@@ -68,7 +68,7 @@ def test_r8_1_frozen_and_cooling_providers_in_words_and_numbers(client, oncall, 
 
 def test_r8_1_acknowledged_alerts_leave_the_overview(client, oncall, frozen_world):
     _segment, alert = frozen_world
-    services.acknowledge_notification(alert.id, user=oncall, now=clock.now())
+    services.acknowledge_notification(alert.id, user=oncall, now=time_source.now())
     client.force_login(oncall)
     body = client.get(reverse("overview"), headers={"HX-Request": "true"}).content.decode()
     assert "No unacknowledged critical alerts" in body
@@ -80,9 +80,9 @@ def test_r2_2_provider_board_shows_an_open_breaker(client, oncall, frozen_world)
         breaker="open",
         consecutive_failures=3,
         trips=1,
-        open_until=clock.now() + timedelta(minutes=5),
+        open_until=time_source.now() + timedelta(minutes=5),
         last_failure_class="server_error",
-        last_failure_at=clock.now(),
+        last_failure_at=time_source.now(),
         last_error="HTTP 503 overloaded",
     )
     client.force_login(oncall)
@@ -94,11 +94,11 @@ def test_r2_2_provider_board_shows_an_open_breaker(client, oncall, frozen_world)
 def test_r6_1_clock_percentiles_per_stage_kind(client, oncall, frozen_world):
     segment, _ = frozen_world
     thread = segment.thread
-    run, _stage, _ = services.submit_run(thread, input="hi", now=clock.now())
+    run, _stage, _ = services.submit_run(thread, input="hi", now=time_source.now())
     for i, queue in enumerate((100, 200, 300, 400, 50_000)):
         Stage.objects.create(
-            run=run, seq=10 + i, kind="model_turn", enqueued_at=clock.now(),
-            finished_at=clock.now(),
+            run=run, seq=10 + i, kind="model_turn", enqueued_at=time_source.now(),
+            finished_at=time_source.now(),
             clocks={"queue_ms": queue, "execution_ms": 20, "no_progress_ms": 5,
                     "deadline_remaining_ms": 1000},
         )  # fmt: skip
@@ -114,10 +114,10 @@ def test_overview_query_count_is_bounded(
 ):
     _segment, _ = frozen_world
     for _n in range(5):
-        thread = services.create_thread(provider_chain=["alpha"], now=clock.now())
+        thread = services.create_thread(provider_chain=["alpha"], now=time_source.now())
         SegmentRefusal.objects.create(
             segment=services.open_segment(thread), provider_id="alpha", refusals=4,
-            refused_at=clock.now(),
+            refused_at=time_source.now(),
         )  # fmt: skip
     client.force_login(oncall)
     with django_assert_max_num_queries(20):

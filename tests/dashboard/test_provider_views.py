@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     Provider,
     ProviderAttempt,
@@ -26,9 +26,9 @@ NOW = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
 
 @pytest.fixture(autouse=True)
 def fixed_clock():
-    clock.install(clock.ManualClock(NOW))
+    time_source.install(time_source.ManualClock(NOW))
     yield
-    clock.install(None)
+    time_source.install(None)
 
 
 def provider(provider_id: str, **extra) -> Provider:
@@ -339,7 +339,7 @@ def test_r8_2_a_disabled_alert_channel_is_visible_on_the_providers_page(client, 
     AlertChannel.objects.create(name="ops-hook", kind="webhook", target="http://127.0.0.1:9/x")
     AlertChannel.objects.create(
         name="pager", kind="pagerduty", enabled=False,
-        disabled_reason="HTTP 400: invalid routing key", disabled_at=clock.now(),
+        disabled_reason="HTTP 400: invalid routing key", disabled_at=time_source.now(),
     )  # fmt: skip
     client.force_login(oncall)
     body = client.get(reverse("providers")).content.decode()

@@ -3,7 +3,7 @@
 Runs are built with ``governance.services`` (thread, run) and the facts the
 report reads (attempts, body chunks, receipts, settlements) as plain ORM rows,
 so every discrepancy below comes from real rows judged by the rules in
-``governance.publication``. Expected totals are computed in the tests from the
+``governance.rules.publication``. Expected totals are computed in the tests from the
 specs that built the rows, never from the report's own code.
 """
 
@@ -26,7 +26,7 @@ from django.urls import reverse
 
 from dashboard.queries import report as q
 from dashboard.report_views import csv_safe
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     BodyChunk,
     Provider,
@@ -35,7 +35,7 @@ from governance.models import (
     Settlement,
     ToolReceipt,
 )
-from governance.publication import DISCREPANCY_CODES, CallbackStatus
+from governance.rules.publication import DISCREPANCY_CODES, CallbackStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -50,10 +50,10 @@ CSV = reverse("report-csv")
 
 @pytest.fixture(autouse=True)
 def fixed_clock():
-    the_clock = clock.ManualClock(NOW)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(NOW)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from governance import clock, services
-from governance import lifecycle as lc
+from governance import services, time_source
 from governance.models import (
     BodyChunk,
     Provider,
@@ -25,6 +24,7 @@ from governance.models import (
     Stage,
     ToolReceipt,
 )
+from governance.rules import lifecycle as lc
 
 pytestmark = pytest.mark.django_db
 
@@ -33,10 +33,10 @@ T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 @pytest.fixture(autouse=True)
 def fixed_clock():
-    the_clock = clock.ManualClock(T0 + timedelta(hours=1))
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(T0 + timedelta(hours=1))
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture

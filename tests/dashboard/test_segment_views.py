@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from dashboard import segment_views
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     AuditEntry,
     HistoryItem,
@@ -20,8 +20,8 @@ from governance.models import (
     SegmentRefusal,
     ThreadSession,
 )
-from governance.refusal import RULE_TEXT, ProviderRefusal, refusal_notices
-from governance.routing import fallback_card
+from governance.rules.refusal import RULE_TEXT, ProviderRefusal, refusal_notices
+from governance.rules.routing import fallback_card
 
 pytestmark = pytest.mark.django_db
 
@@ -31,10 +31,10 @@ HTMX = {"HX-Request": "true"}
 
 @pytest.fixture(autouse=True)
 def manual_clock():
-    the_clock = clock.ManualClock(T0)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(T0)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture
@@ -675,14 +675,19 @@ def test_r8_3_boundary_on_a_segment_closed_meanwhile_is_409_and_does_nothing(
     from governance.models import AuditEntry, Provider, Segment
 
     Provider.objects.create(provider_id="solo", kind="scripted", model="solo-model")
-    thread = services.create_thread(provider_chain=["solo"], now=clock.now())
+    thread = services.create_thread(provider_chain=["solo"], now=time_source.now())
     looked_at = services.open_segment(thread)
     services.apply_boundary(
-        thread, "fresh_start", by="someone", reason="first", now=clock.now(), idempotency_key="a"
+        thread,
+        "fresh_start",
+        by="someone",
+        reason="first",
+        now=time_source.now(),
+        idempotency_key="a",
     )
     with pytest.raises(services.BoundaryConflict):
         services.apply_boundary(
-            thread, "compact", by="other", reason="second", now=clock.now(),
+            thread, "compact", by="other", reason="second", now=time_source.now(),
             idempotency_key="b", expected_segment=looked_at,
         )  # fmt: skip
     assert Segment.objects.filter(thread=thread).count() == 2

@@ -11,9 +11,9 @@ from django.test import AsyncClient
 
 from dashboard import stream_views
 from dashboard.api import token_digest
-from governance import clock, services
-from governance.lifecycle import Outcome, ReasonCode, Settlement
+from governance import services, time_source
 from governance.models import ApiToken, BodyChunk, Provider, Run, RunEvent, RunViewer, Stage
+from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "stream-token-" + "y" * 20
@@ -36,13 +36,13 @@ def token_user(django_user_model):
 @pytest.fixture
 def run():
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
-    thread = services.create_thread(provider_chain=["p"], title="t", now=clock.now())
-    the_run, _stage, _ = services.submit_run(thread, input="tell me", now=clock.now())
+    thread = services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
+    the_run, _stage, _ = services.submit_run(thread, input="tell me", now=time_source.now())
     return the_run
 
 
 def settle(run, outcome=Outcome.COMPLETED, code=ReasonCode.ANSWERED):
-    services.settle(run, Settlement(outcome, code, "done for the test"), clock.now())
+    services.settle(run, Settlement(outcome, code, "done for the test"), time_source.now())
 
 
 def parse(raw: bytes) -> list[tuple[int, dict]]:
@@ -65,7 +65,7 @@ def read_all(client, run, **headers) -> list[tuple[int, dict]]:
 
 
 def test_r7_1_settled_run_replays_events_in_order_with_ids_and_closes(client, token_user, run):
-    services.commit_chunks(run, ["Hello, ", "world", "!"], clock.now())
+    services.commit_chunks(run, ["Hello, ", "world", "!"], time_source.now())
     settle(run)
     events = read_all(client, run)  # returns: the stream closed by itself
     expected = list(RunEvent.objects.filter(run=run).order_by("id").values_list("id", "kind"))
@@ -78,7 +78,7 @@ def test_r7_1_settled_run_replays_events_in_order_with_ids_and_closes(client, to
 
 
 def test_r7_1_last_event_id_replays_exactly_the_missed_events(client, token_user, run):
-    services.commit_chunks(run, ["a", "b", "c", "d"], clock.now())
+    services.commit_chunks(run, ["a", "b", "c", "d"], time_source.now())
     settle(run)
     ids = list(RunEvent.objects.filter(run=run).order_by("id").values_list("id", flat=True))
     seen = ids[1]
@@ -95,7 +95,7 @@ def test_r7_1_last_event_id_replays_exactly_the_missed_events(client, token_user
 
 
 def test_r7_1_async_path_streams_a_settled_run_and_closes(token_user, run):
-    services.commit_chunks(run, ["one ", "two"], clock.now())
+    services.commit_chunks(run, ["one ", "two"], time_source.now())
     settle(run, Outcome.PARTIAL, ReasonCode.ANSWERED)
 
     async def fetch():
@@ -110,7 +110,7 @@ def test_r7_1_async_path_streams_a_settled_run_and_closes(token_user, run):
 
 
 def test_r7_2_sent_is_recorded_once_per_chunk(client, token_user, run):
-    services.commit_chunks(run, ["x", "y"], clock.now())
+    services.commit_chunks(run, ["x", "y"], time_source.now())
     settle(run)
     read_all(client, run)
     first = dict(BodyChunk.objects.filter(run=run).values_list("chunk_no", "sent_at"))
@@ -120,10 +120,10 @@ def test_r7_2_sent_is_recorded_once_per_chunk(client, token_user, run):
 
 
 def test_r7_2_uncommitted_chunk_is_never_marked_sent(run):
-    from governance import services_stream
+    from governance.services import stream as services_stream
 
-    BodyChunk.objects.create(run=run, chunk_no=1, text="draft", generated_at=clock.now())
-    assert services_stream.mark_chunks_sent(run.id, [1], now=clock.now()) == 0
+    BodyChunk.objects.create(run=run, chunk_no=1, text="draft", generated_at=time_source.now())
+    assert services_stream.mark_chunks_sent(run.id, [1], now=time_source.now()) == 0
 
 
 def ack(client, run, through, **headers):
@@ -134,7 +134,7 @@ def ack(client, run, through, **headers):
 
 
 def test_r7_3_acks_are_idempotent_and_observed_stays_within_committed(client, token_user, run):
-    services.commit_chunks(run, ["a", "b", "c"], clock.now())
+    services.commit_chunks(run, ["a", "b", "c"], time_source.now())
     first = ack(client, run, 2)
     assert first.status_code == 200, first.content
     assert first.json()["observed"] == 2 and first.json()["newly_observed"] == 2
@@ -162,7 +162,7 @@ def test_r7_3_acks_are_idempotent_and_observed_stays_within_committed(client, to
 def test_r7_1_disconnect_detaches_the_viewer_and_never_cancels_or_starts_work(
     client, token_user, run
 ):
-    services.commit_chunks(run, ["first part "], clock.now())
+    services.commit_chunks(run, ["first part "], time_source.now())
     stages_before = list(Stage.objects.filter(run=run).values_list("id", "started_at"))
     response = client.get(f"/api/v1/runs/{run.id}/events", headers=AUTH)
     parts = iter(response.streaming_content)
@@ -178,7 +178,7 @@ def test_r7_1_disconnect_detaches_the_viewer_and_never_cancels_or_starts_work(
     run.refresh_from_db()
     assert run.cancel_requested_at is None and run.status != Run.Status.SETTLED
     # Reconnect: replays only what was missed, starts no new work.
-    services.commit_chunks(run, ["second part"], clock.now())
+    services.commit_chunks(run, ["second part"], time_source.now())
     response = client.get(
         f"/api/v1/runs/{run.id}/events",
         headers={**AUTH, "Last-Event-ID": str(seen)},
@@ -200,7 +200,7 @@ def test_r7_1_live_stream_delivers_chunks_committed_while_watching(client, token
     response = client.get(f"/api/v1/runs/{run.id}/events", headers=AUTH)
     parts = iter(response.streaming_content)
     next(parts)  # connected
-    timer = threading.Timer(0.2, lambda: services.commit_chunks(run, ["late"], clock.now()))
+    timer = threading.Timer(0.2, lambda: services.commit_chunks(run, ["late"], time_source.now()))
     timer.start()
     got = b""
     while b"late" not in got:
@@ -226,7 +226,7 @@ def test_r7_1_stream_and_acks_need_a_token_or_a_session(client, run, make_user):
         == 401
     )
     assert not RunViewer.objects.exists()
-    services.commit_chunks(run, ["a"], clock.now())
+    services.commit_chunks(run, ["a"], time_source.now())
     settle(run)
     make_user("viewer")
     client.login(username="viewer", password="pw-for-tests-1")
@@ -242,7 +242,7 @@ def test_r7_3_session_acks_need_the_csrf_header(run, make_user):
     make_user("viewer")
     browser = Client(enforce_csrf_checks=True)
     browser.login(username="viewer", password="pw-for-tests-1")
-    services.commit_chunks(run, ["a"], clock.now())
+    services.commit_chunks(run, ["a"], time_source.now())
     page = browser.get(f"/runs/{run.id}/watch")
     token = page.context["csrf_token"]
     body = json.dumps({"through": 1})

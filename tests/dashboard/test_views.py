@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from governance.refusal import RULE_TEXT
+from governance.rules.refusal import RULE_TEXT
 from tasks.jobs import record_heartbeat
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Tests for governance.budget: R5.1 (one ledger, a view of it), R5.2 (own
+"""Tests for governance.rules.budget: R5.1 (one ledger, a view of it), R5.2 (own
 balances, output reserve), R5.3 (retries draw from the same balance), R5.4
 (idempotent admission)."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.budget import (
+from governance.rules.budget import (
     Admission,
     Balance,
     BudgetError,

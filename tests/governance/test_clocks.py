@@ -1,4 +1,4 @@
-"""Tests for governance.clocks: R6.1 (four clocks, business progress, capped
+"""Tests for governance.rules.run_clocks: R6.1 (four clocks, business progress, capped
 stage budget) and R6.2 (timeouts named by their clock)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.clocks import (
+from governance.rules.run_clocks import (
     BUSINESS_PROGRESS_KINDS,
     RunClockFacts,
     RunEventKind,

@@ -1,4 +1,4 @@
-"""Tests for governance.connection (R7.1, with R6.5 settlement outcomes)."""
+"""Tests for governance.rules.connection (R7.1, with R6.5 settlement outcomes)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.connection import (
+from governance.rules.connection import (
     SETTLED_STATES,
     ConnectionEvent,
     ConnectionEventKind,
@@ -16,7 +16,7 @@ from governance.connection import (
     allowed_events,
     apply_connection_event,
 )
-from governance.publication import SettlementOutcome
+from governance.rules.publication import SettlementOutcome
 
 S = ConnectionState
 DISCONNECT = ConnectionEvent.disconnect()

@@ -1,4 +1,4 @@
-"""Tests for governance.health: R2.1–R2.4 and R6.2 (`interrupted`)."""
+"""Tests for governance.rules.health: R2.1–R2.4 and R6.2 (`interrupted`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.health import (
+from governance.rules.health import (
     FAILURE_CLASSES,
     TIME_BASED_CLASSES,
     AttemptEvidence,
@@ -31,7 +31,7 @@ from governance.health import (
     remember_turn_refusal,
     turn_recently_refused,
 )
-from governance.refusal import REFUSAL_REPROBE_DELAYS, REFUSAL_SCOPE_TTL
+from governance.rules.refusal import REFUSAL_REPROBE_DELAYS, REFUSAL_SCOPE_TTL
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 NO_JITTER = BreakerPolicy(jitter_ratio=0.0)

@@ -1,4 +1,4 @@
-"""Tests for governance.lifecycle: termination authority (R4.1–R4.5) and the run
+"""Tests for governance.rules.lifecycle: termination authority (R4.1–R4.5) and the run
 lifecycle's decision table, recovery and settlement (R6.3–R6.5)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.lifecycle import (
+from governance.rules.lifecycle import (
     AUTHORITY,
     DISPATCHING_PATHS,
     NO_ANSWER_TEXT,

@@ -1,4 +1,4 @@
-"""Tests for governance.publication (R7.2, R7.3, R7.4, with R6.5 settlement outcomes)."""
+"""Tests for governance.rules.publication (R7.2, R7.3, R7.4, with R6.5 settlement outcomes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance import publication as pub
-from governance.publication import (
+from governance.rules import publication as pub
+from governance.rules.publication import (
     DISCREPANCY_CODES,
     AttachmentFacts,
     CallbackStatus,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.refusal import (
+from governance.rules.refusal import (
     MAX_REFUSAL_REPROBES,
     REFUSAL_REPROBE_DELAYS,
     REFUSAL_SCOPE_TTL,

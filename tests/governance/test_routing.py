@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.health import HealthVerdict, TurnRefusalMemory, remember_turn_refusal
-from governance.refusal import (
+from governance.rules.health import HealthVerdict, TurnRefusalMemory, remember_turn_refusal
+from governance.rules.refusal import (
     MAX_REFUSAL_REPROBES,
     RULE_TEXT,
     ProviderRefusal,
     refusal_verdict,
     segment_key,
 )
-from governance.routing import (
+from governance.rules.routing import (
     AttemptOutcome,
     Candidate,
     ChainEntry,
@@ -28,7 +28,7 @@ from governance.routing import (
     route_turn,
     why_no_candidate,
 )
-from governance.segments import (
+from governance.rules.segments import (
     NEW_SESSION_KINDS,
     BoundaryKind,
     SegmentConfig,

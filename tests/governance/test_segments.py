@@ -1,4 +1,4 @@
-"""Tests for governance.segments: threads, sessions, segments and boundaries
+"""Tests for governance.rules.segments: threads, sessions, segments and boundaries
 (R1.1–R1.4)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.segments import (
+from governance.rules.segments import (
     NEW_SESSION_KINDS,
     OPERATOR_BOUNDARY_KINDS,
     BoundaryKind,

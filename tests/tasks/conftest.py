@@ -10,7 +10,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from dashboard.api import token_digest
-from governance import clock
+from governance import time_source
 from governance.models import ApiToken, Provider, Run
 from tasks import celery_app
 from tests.conftest import requires_services
@@ -19,10 +19,10 @@ from tests.conftest import requires_services
 @pytest.fixture
 def manual_clock():
     start = datetime.now(UTC).replace(microsecond=0)
-    the_clock = clock.ManualClock(start)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(start)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 @pytest.fixture(scope="module")

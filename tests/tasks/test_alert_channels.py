@@ -21,7 +21,7 @@ from django.core import mail
 from django.template.loader import render_to_string
 
 from dashboard.queries.providers import alert_channel_rows
-from governance import clock, services, services_alerts
+from governance import services, time_source
 from governance.models import (
     AlertChannel,
     AuditEntry,
@@ -29,7 +29,8 @@ from governance.models import (
     NotificationDelivery,
     Provider,
 )
-from governance.refusal import ProviderRefusal, refusal_notice
+from governance.rules.refusal import ProviderRefusal, refusal_notice
+from governance.services import alerts as services_alerts
 from tasks import alerts
 
 State = NotificationDelivery.State
@@ -103,10 +104,10 @@ def receiver():
 
 @pytest.fixture
 def clock_at_start():
-    the_clock = clock.ManualClock(START)
-    clock.install(the_clock)
+    the_clock = time_source.ManualClock(START)
+    time_source.install(the_clock)
     yield the_clock
-    clock.install(None)
+    time_source.install(None)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -295,7 +296,7 @@ def test_r8_2_no_retry_on_400_and_the_channel_is_disabled(receiver, clock_at_sta
     emit(seg, "critical", START, provider="beta")
     assert len(deliveries()) == 1
 
-    rows = alert_channel_rows(clock.now())
+    rows = alert_channel_rows(time_source.now())
     assert [(r.state, r.disabled_by, r.failed_24h) for r in rows] == [("disabled", "failure", 1)]
     html = render_to_string(
         "providers/list.html", {"alert_channels": rows, "total": 0, "recent_hours": 24}
@@ -349,11 +350,11 @@ def test_r3_6_normal_pushes_dropped_past_the_daily_budget_critical_bypass(receiv
     assert receiver.at("/hook")[-1]["body"]["dedupe_key"] == critical.dedupe_key
     # The next UTC day has a fresh budget.
     clock_at_start.set(START.replace(hour=0) + timedelta(days=1, minutes=1))
-    services.apply_boundary(thread, "fresh_start", by="t", reason="new day", now=clock.now())
+    services.apply_boundary(thread, "fresh_start", by="t", reason="new day", now=time_source.now())
     seg = thread.segments.get(closed_at__isnull=True)
-    emit(seg, "normal", clock.now())
+    emit(seg, "normal", time_source.now())
     assert State.DELIVERED in alerts.deliver_all_due()
-    (row,) = alert_channel_rows(clock.now())
+    (row,) = alert_channel_rows(time_source.now())
     assert row.dropped_today == 0
 
 
@@ -377,26 +378,26 @@ def test_r8_2_escalation_every_15_minutes_to_the_next_tier_until_acknowledged(
     assert [len(receiver.at(p)) for p in ("/first", "/second", "/third")] == [2, 0, 0]
 
     clock_at_start.advance(minutes=14, seconds=59)
-    assert services_alerts.escalate_due(clock.now()) == []
+    assert services_alerts.escalate_due(time_source.now()) == []
     clock_at_start.advance(seconds=1)
-    assert services_alerts.escalate_due(clock.now()) == [critical.id]
+    assert services_alerts.escalate_due(time_source.now()) == [critical.id]
     alerts.deliver_all_due()
     assert [len(receiver.at(p)) for p in ("/first", "/second", "/third")] == [2, 1, 0]
     body = receiver.at("/second")[0]["body"]
     assert body["delivery_event"] == "escalate-1" and body["dedupe_key"] == critical.dedupe_key
-    assert services_alerts.escalate_due(clock.now()) == []  # once per interval
+    assert services_alerts.escalate_due(time_source.now()) == []  # once per interval
 
     clock_at_start.advance(minutes=15)
-    assert services_alerts.escalate_due(clock.now()) == [critical.id]
+    assert services_alerts.escalate_due(time_source.now()) == [critical.id]
     alerts.deliver_all_due()
     assert [len(receiver.at(p)) for p in ("/first", "/second", "/third")] == [2, 1, 1]
     assert "escalation 2" in receiver.at("/third")[0]["body"]["text"]
 
     # The next escalation is queued but not sent yet when on-call acknowledges.
     clock_at_start.advance(minutes=15)
-    assert services_alerts.escalate_due(clock.now()) == [critical.id]
+    assert services_alerts.escalate_due(time_source.now()) == [critical.id]
     (queued,) = deliveries(event="escalate-3")
-    services.acknowledge_notification(critical.id, user=oncall, now=clock.now())
+    services.acknowledge_notification(critical.id, user=oncall, now=time_source.now())
     queued.refresh_from_db()
     assert queued.state == State.DROPPED  # stopped at once, before any call
     alerts.deliver_all_due()
@@ -404,7 +405,7 @@ def test_r8_2_escalation_every_15_minutes_to_the_next_tier_until_acknowledged(
     assert receiver.at("/third")[-1]["body"]["text"].startswith("[acknowledged] by olive-oncall")
     for _ in range(4):
         clock_at_start.advance(minutes=15)
-        assert services_alerts.escalate_due(clock.now()) == []
+        assert services_alerts.escalate_due(time_source.now()) == []
     critical.refresh_from_db()
     assert critical.escalation_level == 3 and critical.acked_by == oncall
 
@@ -433,7 +434,7 @@ def test_r8_2_escalation_claim_rechecks_the_acknowledgement(
             return transaction.atomic(*args, **kwargs)
 
     monkeypatch.setattr(services_alerts, "transaction", AckFirst)
-    assert services_alerts.escalate_due(clock.now()) == []
+    assert services_alerts.escalate_due(time_source.now()) == []
     assert acked and acked[0][1] is True
     assert deliveries(event="escalate-1") == []
     critical.refresh_from_db()
@@ -460,13 +461,15 @@ def test_r8_2_pagerduty_trigger_acknowledge_resolve_with_a_stable_dedup_key(
     critical = emit(seg, "critical", START)
     alerts.deliver_all_due()
     clock_at_start.advance(minutes=3)
-    _, changed = services.acknowledge_notification(critical.id, user=oncall, now=clock.now())
+    _, changed = services.acknowledge_notification(critical.id, user=oncall, now=time_source.now())
     assert changed
-    services.acknowledge_notification(critical.id, user=oncall, now=clock.now())  # a double click
+    services.acknowledge_notification(
+        critical.id, user=oncall, now=time_source.now()
+    )  # a double click
     alerts.deliver_all_due()
     clock_at_start.advance(minutes=5)
     services.apply_boundary(
-        thread, "compact", by="olive-oncall", reason="unfreeze", now=clock.now()
+        thread, "compact", by="olive-oncall", reason="unfreeze", now=time_source.now()
     )
     alerts.deliver_all_due()
 
@@ -478,8 +481,8 @@ def test_r8_2_pagerduty_trigger_acknowledge_resolve_with_a_stable_dedup_key(
     assert payload["severity"] == "critical" and payload["summary"] == critical.text[:1024]
     assert seg.key in payload["source"]
     critical.refresh_from_db()
-    assert critical.resolved_at == clock.now()
-    assert services_alerts.escalate_due(clock.now() + timedelta(hours=1)) == []
+    assert critical.resolved_at == time_source.now()
+    assert services_alerts.escalate_due(time_source.now() + timedelta(hours=1)) == []
 
 
 @pytest.mark.django_db
@@ -496,7 +499,7 @@ def test_r8_2_unacknowledged_alert_resolved_by_a_boundary_stops_escalating(
     alerts.deliver_all_due()
     assert [r["body"]["event"] for r in receiver.at("/first")] == ["trigger", "resolve"]
     clock_at_start.advance(hours=1)
-    assert services_alerts.escalate_due(clock.now()) == []
+    assert services_alerts.escalate_due(time_source.now()) == []
     critical.refresh_from_db()
     assert critical.resolved_at == START
 
@@ -560,7 +563,7 @@ def test_r8_2_no_channels_means_no_outbox_rows(clock_at_start):
     """R8.2: without configured channels the inbox is the only destination."""
     emit(make_thread(START).segments.get(), "critical", START)
     assert NotificationDelivery.objects.count() == 0
-    assert alert_channel_rows(clock.now()) == []
+    assert alert_channel_rows(time_source.now()) == []
 
 
 @pytest.mark.django_db

@@ -20,10 +20,10 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.urls import reverse
 
-from governance import clock, services
-from governance import lifecycle as lc
-from governance import services_callbacks as cb
+from governance import services, time_source
 from governance.models import BodyChunk, Provider, Run, RunCallback
+from governance.rules import lifecycle as lc
+from governance.services import callbacks as cb
 from tasks import callbacks as delivery
 from tasks.callbacks import resend_due_callbacks
 
@@ -121,7 +121,7 @@ def settled_run(
     final: bool = True,
 ) -> RunCallback:
     """A run settled through the services, its callback row written with the settlement."""
-    now = clock.now()
+    now = time_source.now()
     Provider.objects.get_or_create(provider_id="p", defaults={"kind": "scripted", "model": "m"})
     thread = services.create_thread(provider_chain=["p"], now=now, callback_url=url)
     run, _stage, _ = services.submit_run(thread, input="what is 6 x 7?", now=now)
@@ -242,7 +242,7 @@ def test_r7_3_completed_computed_before_an_incomplete_save_is_sent_as_partial(
 
 def test_r7_3_no_callback_url_means_no_callback_row(manual_clock):
     """R7.3: a callback is sent only when the thread (or run) names a URL."""
-    now = clock.now()
+    now = time_source.now()
     Provider.objects.create(provider_id="p", kind="scripted", model="m")
     thread = services.create_thread(provider_chain=["p"], now=now)
     run, _s, _ = services.submit_run(thread, input="hi", now=now)
@@ -257,7 +257,7 @@ def test_r7_3_retry_on_503_then_success_scheduled_by_the_clock(worker, manual_cl
     """R7.3: 503 → retry at now + backoff (injected clock); the beat job re-sends it."""
     receiver.responses = [(503, {})]
     callback = settled_run(receiver.url)
-    start = clock.now()
+    start = time_source.now()
     assert delivery.deliver(callback.id) == RunCallback.State.RETRY
     callback.refresh_from_db()
     assert callback.attempts == 1 and callback.status_code == 503
@@ -292,7 +292,7 @@ def test_r7_3_backoff_is_exponential_and_capped_then_failed_at_max_attempts(
     callback = settled_run(receiver.url)
     delays = []
     for _ in range(3):
-        before = clock.now()
+        before = time_source.now()
         assert delivery.deliver(callback.id) == RunCallback.State.RETRY
         callback.refresh_from_db()
         delays.append((callback.next_attempt_at - before).total_seconds())
@@ -343,7 +343,7 @@ def test_r7_3_429_retry_after_is_respected(manual_clock, receiver):
     """R7.3: 429 with Retry-After: 120 → next attempt exactly 120 s later, not the backoff."""
     receiver.responses = [(429, {"Retry-After": "120"})]
     callback = settled_run(receiver.url)
-    start = clock.now()
+    start = time_source.now()
     assert delivery.deliver(callback.id) == RunCallback.State.RETRY
     callback.refresh_from_db()
     assert callback.next_attempt_at == start + timedelta(seconds=120)
@@ -398,14 +398,14 @@ def test_r7_3_a_lost_worker_is_superseded_and_its_late_answer_ignored(manual_clo
     """R7.3: a 'sending' row past its lease is claimed again (attempt 2, same key);
     the first worker's late result does not overwrite it."""
     callback = settled_run(receiver.url)
-    stale = cb.claim_attempt(callback.id, clock.now())  # a worker claimed, then died
+    stale = cb.claim_attempt(callback.id, time_source.now())  # a worker claimed, then died
     assert stale is not None and stale.attempt == 1
     assert delivery.resend_due(inline=True) == 0  # its lease still holds
     manual_clock.advance(seconds=301)
     assert delivery.resend_due(inline=True) == 1
     callback.refresh_from_db()
     assert callback.state == RunCallback.State.DELIVERED and callback.attempts == 2
-    assert cb.record_result(stale, cb.Result(status=500, error="late"), clock.now()) == ""
+    assert cb.record_result(stale, cb.Result(status=500, error="late"), time_source.now()) == ""
     callback.refresh_from_db()
     assert callback.state == RunCallback.State.DELIVERED
 

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from governance import clock
-from governance.clocks import StageClocks
+from governance import time_source
+from governance.rules.run_clocks import StageClocks
 from tasks import instrumentation
 from tasks.instrumentation import (
     CLOCK_ATTRIBUTES,
@@ -75,10 +75,10 @@ def metric_reader():
 
 @pytest.fixture
 def manual_clock():
-    manual = clock.ManualClock(T0)
-    clock.install(manual)
+    manual = time_source.ManualClock(T0)
+    time_source.install(manual)
     yield manual
-    clock.install(None)
+    time_source.install(None)
 
 
 def by_name(exporter, name):

@@ -227,9 +227,9 @@ def test_r6_1_prune_by_age_then_by_count():
 def test_r6_1_prune_task_uses_settings_and_the_injected_clock(settings):
     """R6.1: the beat job prunes with SPAN_STORE_MAX_AGE_HOURS / SPAN_STORE_MAX_ROWS
     against governance.clock."""
-    from governance import clock
+    from governance import time_source
 
-    clock.install(clock.ManualClock(T0))
+    time_source.install(time_source.ManualClock(T0))
     try:
         settings.SPAN_STORE_MAX_AGE_HOURS = 2
         settings.SPAN_STORE_MAX_ROWS = 1
@@ -237,7 +237,7 @@ def test_r6_1_prune_task_uses_settings_and_the_injected_clock(settings):
         assert prune_span_store.name == "tasks.span_store.prune_span_store"
         assert prune_span_store.apply().get() == 3
     finally:
-        clock.install(None)
+        time_source.install(None)
     (row,) = SpanRecord.objects.all()
     assert row.start == T0 - timedelta(minutes=30)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.env import parse_duration
-from governance import clock
+from governance import time_source
 
 
 class Command(BaseCommand):
@@ -24,8 +24,8 @@ class Command(BaseCommand):
             if not duration:
                 raise CommandError("say how far to move the clock, e.g. 'advance 15m'")
             try:
-                total = clock.shift(parse_duration(duration))
+                total = time_source.shift(parse_duration(duration))
             except (ValueError, RuntimeError) as exc:
                 raise CommandError(str(exc)) from None
             self.stdout.write(f"Clock moved forward; total offset {total}.")
-        self.stdout.write(f"Now: {clock.now().isoformat()}")
+        self.stdout.write(f"Now: {time_source.now().isoformat()}")

@@ -48,7 +48,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from governance import clock, services
+from governance import services, time_source
 from governance.models import (
     KnowledgeDocument,
     Notification,
@@ -427,7 +427,7 @@ def _fast_sqlite() -> Iterator[None]:
 
 
 @contextmanager
-def _in_process_engine(start: datetime) -> Iterator[clock.ManualClock]:
+def _in_process_engine(start: datetime) -> Iterator[time_source.ManualClock]:
     """Eager Celery (stages run inline after each commit), a manual clock, and
     spans written to the embedded span store; everything restored afterwards."""
     from opentelemetry.sdk.resources import Resource
@@ -452,7 +452,7 @@ def _in_process_engine(start: datetime) -> Iterator[clock.ManualClock]:
     # the worker's exporter writes, without a write inside every stage.
     finished_spans = InMemorySpanExporter()
     tracer_provider.add_span_processor(SimpleSpanProcessor(finished_spans))
-    manual = clock.ManualClock(start)
+    manual = time_source.ManualClock(start)
     # Inline stages would log every task and HTTP request; keep the output short.
     quiet = {name: logging.getLogger(name) for name in ("celery", "httpx", "kombu")}
     saved_levels = {name: logger.level for name, logger in quiet.items()}
@@ -460,11 +460,11 @@ def _in_process_engine(start: datetime) -> Iterator[clock.ManualClock]:
         logger.setLevel(logging.ERROR)
     conf.task_always_eager, conf.task_eager_propagates = True, True
     spans.use_tracer_provider(tracer_provider)
-    clock.install(manual)
+    time_source.install(manual)
     try:
         yield manual
     finally:
-        clock.install(None)
+        time_source.install(None)
         spans.use_tracer_provider(saved_tracer)
         if span_store_enabled():
             store = DatabaseSpanExporter()
@@ -481,7 +481,9 @@ def _in_process_engine(start: datetime) -> Iterator[clock.ManualClock]:
 
 
 class Scenario:
-    def __init__(self, manual: clock.ManualClock, start: datetime, round_no: int, users) -> None:
+    def __init__(
+        self, manual: time_source.ManualClock, start: datetime, round_no: int, users
+    ) -> None:
         self.clock = manual
         self.start = start
         self.round_no = round_no

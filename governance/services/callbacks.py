@@ -4,7 +4,7 @@ The HTTP call itself lives in ``tasks.callbacks``; this module owns the facts:
 
 - ``create_for_settlement`` writes the callback row in the settling transaction.
   Its payload is built from the committed facts and the Settlement row, with the
-  outcome from ``governance.publication.settlement_from_facts``: a save that ended
+  outcome from ``governance.rules.publication.settlement_from_facts``: a save that ended
   partial says ``partial``, never a ``completed`` computed before the save (R7.3).
 - ``claim_attempt`` records the attempt BEFORE the call (state ``sending``,
   ``attempts + 1``) with a conditional update, so two workers never send the same
@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from governance.models import BodyChunk, Run, RunCallback, Settlement
-from governance.publication import (
+from governance.rules.publication import (
     ChunkFacts,
     Publication,
     PublicationError,

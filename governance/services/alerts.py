@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
+from governance.services.audit import audit
 
 log = logging.getLogger(__name__)
 
@@ -337,9 +338,7 @@ def record_result(delivery: NotificationDelivery, result: DeliveryResult, now: d
             enabled=False, disabled_reason=reason, disabled_at=now
         )
         if disabled:
-            from governance import services  # services imports this module
-
-            services.audit(
+            audit(
                 actor="system",
                 action="alert_channel.disable",
                 target_type="alert_channel",
@@ -402,3 +401,50 @@ def escalate_due(now: datetime) -> list[int]:
             tier = all_tiers[min(level + 1, len(all_tiers) - 1)]
             _create(notification, tier, f"{ESCALATE}{level + 1}", now)
     return escalated
+
+
+def emit_notice(notice, segment: Segment | None) -> tuple[Notification, bool]:
+    """R3.6: the same dedupe key is never emitted twice (a repeat is a no-op)."""
+    try:
+        with transaction.atomic():
+            notification = Notification.objects.create(
+                dedupe_key=notice.dedupe_key,
+                severity=notice.severity,
+                text=notice.text,
+                segment=segment,
+                provider_ids=list(notice.provider_ids),
+                reprobes=notice.reprobes,
+                created_at=notice.created_at,
+            )
+            notification_created(notification)  # outbox rows (R8.2)
+            return notification, True
+    except IntegrityError:
+        return Notification.objects.get(dedupe_key=notice.dedupe_key), False
+
+
+def acknowledge_notification(
+    notification_id: int, *, user, now: datetime
+) -> tuple[Notification, bool]:
+    """R8.2: a named person acknowledges an alert, once (a claim by conditional update).
+
+    Returns (notification, changed). A second acknowledgement changes nothing
+    and keeps the first person and time ("another on-call got there first").
+    """
+    changed = Notification.objects.filter(id=notification_id, acked_at__isnull=True).update(
+        acked_by=user, acked_at=now
+    )
+    notification = Notification.objects.select_related("acked_by", "segment").get(
+        id=notification_id
+    )
+    if changed:
+        audit(
+            actor=user.get_username(),
+            action="alert.acknowledge",
+            target_type="notification",
+            target_id=str(notification.id),
+            reason="",
+            detail={"dedupe_key": notification.dedupe_key, "severity": notification.severity},
+            now=now,
+        )
+        notification_acknowledged(notification, now)  # stops escalation
+    return notification, bool(changed)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Literal, get_args
 
-from governance.refusal import REFUSAL_SCOPE_TTL
+from governance.rules.refusal import REFUSAL_SCOPE_TTL
 
 __all__ = [
     "ADAPTERS",

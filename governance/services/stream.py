@@ -1,24 +1,26 @@
 """The run stream's transactions (R7.1–R7.3): viewers attach and detach, chunks
 written to a transport are recorded **sent**, client acks are recorded **observed**.
 
-The rules live in ``governance.connection`` (the viewer state machine) and
-``governance.publication`` (chunk facts); this module only reads the facts,
+The rules live in ``governance.rules.connection`` (the viewer state machine) and
+``governance.rules.publication`` (chunk facts); this module only reads the facts,
 asks those rules, and writes the outcome with conditional updates so repeats
 (reconnects, duplicate acks, two streams of one run) are idempotent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 
-from governance import connection as conn
-from governance import publication as pub
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Settlement
-from governance.services import ServiceError
+from governance.rules import connection as conn
+from governance.rules import publication as pub
+from governance.services.errors import ServiceError
+from governance.services.events import record_event
 
 
 def run_connection(run: Run, viewer_state: str = "running") -> conn.RunConnection:
@@ -187,3 +189,36 @@ def record_ack(run: Run, through: Any, *, now: datetime) -> AckResult:
         observed=len(after.observed_ids),
         newly_observed=len(newly),
     )
+
+
+def commit_chunks(run: Run, texts: Sequence[str], now: datetime) -> list[BodyChunk]:
+    """R7.2: each chunk generated then committed with a version."""
+    last = run.chunks.order_by("-chunk_no").values_list("chunk_no", flat=True).first() or 0
+    rows = []
+    for offset, text in enumerate(texts, start=1):
+        rows.append(
+            BodyChunk(
+                run=run,
+                chunk_no=last + offset,
+                version=last + offset,
+                text=text,
+                final=offset == len(texts),
+                generated_at=now,
+                committed_at=now,
+            )
+        )
+    created = BodyChunk.objects.bulk_create(rows)
+    for chunk in created:
+        record_event(
+            run,
+            "chunk",
+            now,
+            {
+                "chunk_no": chunk.chunk_no,
+                "version": chunk.version,
+                "text": chunk.text,
+                "final": chunk.final,
+            },
+            segment=run.segment,
+        )
+    return created

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from governance.health import HealthVerdict, TurnRefusalMemory, turn_recently_refused
-from governance.refusal import (
+from governance.rules.health import HealthVerdict, TurnRefusalMemory, turn_recently_refused
+from governance.rules.refusal import (
     REFUSAL_REPROBE_DELAYS,
     RULE_TEXT,
     Notice,

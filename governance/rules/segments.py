@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from governance.refusal import RefusalError, as_utc, segment_key
+from governance.rules.refusal import RefusalError, as_utc, segment_key
 
 
 class BoundaryKind(StrEnum):

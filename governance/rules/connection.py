@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from governance.publication import SettlementOutcome
+from governance.rules.publication import SettlementOutcome
 
 
 class ConnectionState(StrEnum):

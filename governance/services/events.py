@@ -1,0 +1,74 @@
+"""A run's ordered event log: stage states, owners' facts, decisions, chunks (R6.3)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from governance.models import (
+    Run,
+    RunEvent,
+    Segment,
+    Stage,
+)
+from governance.rules import lifecycle as lc
+
+
+def record_event(
+    run: Run,
+    kind: str,
+    at: datetime,
+    metadata: dict[str, Any],
+    *,
+    segment: Segment,
+    stage: Stage | None = None,
+) -> RunEvent:
+    """Append to the run's ordered event log (what the stream and timelines read)."""
+    return RunEvent.objects.create(
+        run=run, segment=segment, stage=stage, kind=kind, at=at, metadata=metadata
+    )
+
+
+def _fact_payload(fact: lc.OwnerFact) -> dict[str, Any]:
+    payload = {
+        "owner": fact.owner.value,
+        "kind": fact.kind.value,
+        "subject": fact.subject,
+        "detail": fact.detail,
+        "idempotency_key": fact.idempotency_key,
+        "version": fact.version,
+        "failure_class": fact.failure_class,
+    }
+    if fact.answer is not None:
+        payload["answer"] = asdict(fact.answer)
+    return payload
+
+
+def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
+    answer = payload.get("answer")
+    return lc.OwnerFact(
+        owner=payload["owner"],
+        kind=payload["kind"],
+        subject=payload["subject"],
+        detail=payload.get("detail") or "",
+        idempotency_key=payload.get("idempotency_key"),
+        version=payload.get("version"),
+        failure_class=payload.get("failure_class"),
+        answer=(
+            lc.Answer(answer["goal"], tuple(answer["stated_gaps"]), answer["narrowed"])
+            if answer
+            else None
+        ),
+    )
+
+
+def record_fact(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> None:
+    record_event(
+        run,
+        "fact",
+        now,
+        _fact_payload(fact),
+        segment=run.segment,
+        stage=stage,
+    )

@@ -1,0 +1,107 @@
+"""Provider health: the breaker rows the health rules read and move (R2.2)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from governance.models import (
+    Provider,
+    ProviderHealthState,
+)
+from governance.rules import health as health_rules
+
+
+def provider_health(
+    provider: Provider, row: ProviderHealthState | None
+) -> health_rules.ProviderHealth:
+    """The breaker row as the pure value the health rules read (R2.2)."""
+    if row is None:
+        return health_rules.ProviderHealth(provider_id=provider.provider_id)
+    return health_rules.ProviderHealth(
+        provider_id=provider.provider_id,
+        breaker=row.breaker,
+        consecutive_failures=row.consecutive_failures,
+        trips=row.trips,
+        open_until=row.open_until,
+        last_failure_class=row.last_failure_class or None,
+        last_failure_at=row.last_failure_at,
+        disabled_config=row.disabled_config or None,
+        probe_lease_until=row.probe_lease_until,
+        last_success_at=row.last_success_at,
+    )
+
+
+def breaker_policy(provider: Provider) -> health_rules.BreakerPolicy:
+    return health_rules.BreakerPolicy(
+        failure_threshold=provider.failure_threshold,
+        base_cooldown=timedelta(seconds=provider.base_cooldown_s),
+        max_cooldown=timedelta(seconds=max(provider.max_cooldown_s, provider.base_cooldown_s)),
+    )
+
+
+def health_verdicts(providers: Sequence[Provider], now: datetime) -> dict[str, Any]:
+    verdicts = {}
+    for provider in providers:
+        row, _ = ProviderHealthState.objects.select_related("provider").get_or_create(
+            provider=provider
+        )
+        value = provider_health(provider, row)
+        if not provider.enabled:
+            verdicts[provider.provider_id] = health_rules.HealthVerdict(
+                False, "disabled", None, "disabled by an administrator"
+            )
+            continue
+        verdicts[provider.provider_id] = health_rules.health_verdict(
+            value, now, provider.config_fingerprint()
+        )
+    return verdicts
+
+
+def record_provider_result(
+    provider: Provider,
+    classification: health_rules.Classification | None,
+    now: datetime,
+    *,
+    error: str = "",
+    rng: random.Random | None = None,
+) -> None:
+    """R2.2: move the breaker on a time-based failure or a success (row lock)."""
+    with transaction.atomic():
+        row, _ = ProviderHealthState.objects.get_or_create(provider=provider)
+        row = (
+            ProviderHealthState.objects.select_for_update()
+            .select_related("provider")
+            .get(pk=row.pk)
+        )
+        value = provider_health(provider, row)
+        if classification is None or classification.failure_class is None:
+            new = health_rules.record_success(value, now)
+        else:
+            new = health_rules.record_failure(
+                value,
+                classification,
+                now,
+                breaker_policy(provider),
+                rng or random.Random(),
+                provider.config_fingerprint(),
+            )
+        for field_name in (
+            "breaker",
+            "consecutive_failures",
+            "trips",
+            "open_until",
+            "last_failure_at",
+            "probe_lease_until",
+            "last_success_at",
+        ):
+            setattr(row, field_name, getattr(new, field_name))
+        row.last_failure_class = new.last_failure_class or ""
+        row.disabled_config = new.disabled_config or ""
+        if error:
+            row.last_error = error[:2000]
+        row.save()

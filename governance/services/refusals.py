@@ -1,0 +1,144 @@
+"""A segment's refusal state, its fallback cards and notices (R3), the turn memory (R2.3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+
+from governance.models import (
+    Notification,
+    Provider,
+    ProviderAttempt,
+    Run,
+    Segment,
+    SegmentRefusal,
+    Stage,
+    TurnRefusalMemo,
+)
+from governance.rules import health as health_rules
+from governance.rules.refusal import ProviderRefusal, card_entry, refusal_verdict
+from governance.rules.refusal import refused_at_datetime as refusal_datetime
+from governance.rules.routing import TurnOutcome
+from governance.services.alerts import emit_notice
+from governance.services.events import record_event
+
+
+def reprobe_delays() -> tuple[timedelta, ...]:
+    return tuple(settings.GOVERNANCE_REFUSAL_REPROBE_DELAYS)
+
+
+def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
+    """A fast-read row as the R3.2 value the rules read."""
+    return ProviderRefusal(
+        provider_id=row.provider_id,
+        model=row.model or None,
+        category=row.category or None,
+        refusals=row.refusals,
+        refused_at=row.refused_at,
+    )
+
+
+def segment_refusals(segment: Segment) -> dict[str, ProviderRefusal]:
+    """R3.2 state of a segment, from the fast-read rows kept with the cards."""
+    return {row.provider_id: refusal_of(row) for row in segment.refusals.all()}
+
+
+def record_turn(
+    *,
+    run: Run,
+    stage: Stage,
+    segment: Segment,
+    outcome: TurnOutcome,
+    attempts: Sequence[dict[str, Any]],
+    now: datetime,
+) -> list[Notification]:
+    """Store one model turn's facts (R3.3, R3.5, R3.6). Call inside the stage's
+    closing transaction: the refusal state, its card and the notices move together.
+
+    Only actual refusals (``outcome.recorded``) write refusal state; skipped
+    providers are read onto the card and never written.
+    """
+    ProviderAttempt.objects.bulk_create(
+        ProviderAttempt(run=run, stage=stage, segment=segment, **attempt) for attempt in attempts
+    )
+    for refusal in outcome.recorded:
+        SegmentRefusal.objects.update_or_create(
+            segment=segment,
+            provider_id=refusal.provider_id,
+            defaults={
+                "model": refusal.model or "",
+                "category": refusal.category or "",
+                "refusals": refusal.refusals,
+                "refused_at": refusal.refused_at,
+            },
+        )
+    if outcome.cleared:
+        SegmentRefusal.objects.filter(segment=segment, provider_id__in=outcome.cleared).delete()
+    if outcome.fallback_card is not None:
+        record_event(
+            run,
+            "llm-fallback",
+            now,
+            outcome.fallback_card,
+            segment=segment,
+            stage=stage,
+        )
+    created = []
+    for notice in outcome.notices:
+        notification, is_new = emit_notice(notice, segment)
+        if is_new:
+            created.append(notification)
+    return created
+
+
+def remember_turn_refusal(provider: Provider, request_digest: str, now: datetime) -> None:
+    TurnRefusalMemo.objects.update_or_create(
+        provider=provider, request_digest=request_digest, defaults={"refused_at": now}
+    )
+
+
+def turn_memory(provider_ids: Sequence[str], now: datetime) -> health_rules.TurnRefusalMemory:
+    memory = health_rules.TurnRefusalMemory()
+    rows = TurnRefusalMemo.objects.filter(
+        provider__provider_id__in=provider_ids,
+        refused_at__gt=now - health_rules.REFUSAL_SCOPE_TTL,
+    ).select_related("provider")
+    for row in rows:
+        memory = health_rules.remember_turn_refusal(
+            memory, row.provider.provider_id, row.request_digest, row.refused_at
+        )
+    return memory
+
+
+def request_digest(parts: Sequence[dict[str, Any]], provider_id: str) -> str:
+    payload = json.dumps([provider_id, list(parts)], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:
+    """Each provider of the thread's chain with its verdict in this segment (R8.1)."""
+    refusals = segment_refusals(segment)
+    rows = []
+    for provider_id in segment.thread.provider_chain:
+        refusal = refusals.get(provider_id)
+        verdict = refusal_verdict(refusal, now, reprobe_delays())
+        entry = (
+            card_entry(refusal, now, reprobe_delays())
+            if refusal
+            else {"provider_id": provider_id, "refusals": 0, "refused_at": None}
+        )
+        refused_at = refusal_datetime(refusal) if refusal else None
+        entry.update(
+            refused_at=refused_at.isoformat() if refused_at else None,
+            state=verdict.state,
+            reprobes=verdict.reprobes,
+            next_probe_at=verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
+            max_sends=1 + len(reprobe_delays()),
+        )
+        rows.append(entry)
+    return rows

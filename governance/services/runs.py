@@ -1,0 +1,298 @@
+"""Runs and stages: admission, claims, the lifecycle's decisions and the settlement (R6)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
+
+from governance.models import (
+    BudgetAccount,
+    Run,
+    Settlement,
+    Stage,
+    Thread,
+)
+from governance.rules import lifecycle as lc
+from governance.services.audit import audit
+from governance.services.errors import ServiceError
+from governance.services.events import _fact_from, record_event, record_fact
+from governance.services.threads import open_segment
+
+
+def submit_run(
+    thread: Thread,
+    *,
+    input: str,
+    now: datetime,
+    user=None,
+    idempotency_key: str | None = None,
+    deadline_s: float | None = None,
+    stage_budget_s: float | None = None,
+    no_progress_s: float | None = None,
+    limits: dict[str, int] | None = None,
+    trace_context: dict[str, str] | None = None,
+    previous_run: Run | None = None,
+) -> tuple[Run, Stage | None, bool]:
+    """Admit a run on the thread's open segment and queue its first stage.
+
+    Returns (run, first stage or None for a repeated key, created).
+    """
+    if not isinstance(input, str) or not input.strip():
+        raise ServiceError("input", "say what the run should do")
+    if idempotency_key:
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.thread_id != thread.id:
+                raise ServiceError("idempotency_key", "already used for another thread")
+            return existing, None, False
+    merged = dict(settings.RUN_DEFAULT_BUDGET)
+    for name, value in (limits or {}).items():
+        if name not in merged:
+            raise ServiceError("budget", f"unknown resource {name!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ServiceError("budget", f"{name} must be a whole number >= 0")
+        merged[name] = value
+    durations = {
+        "deadline_s": deadline_s or settings.RUN_DEFAULT_DEADLINE_S,
+        "stage_budget_s": stage_budget_s or settings.RUN_DEFAULT_STAGE_BUDGET_S,
+        "no_progress_s": no_progress_s or settings.RUN_DEFAULT_NO_PROGRESS_S,
+    }
+    for name, value in durations.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ServiceError(name, "must be a positive number of seconds")
+    scopes = sorted(
+        getattr(user, "get_all_permissions", lambda: set())()
+        if getattr(user, "is_authenticated", False)
+        else []
+    )
+
+    def admit_new() -> tuple[Run, Stage, bool]:
+        segment = open_segment(thread)
+        run = Run.objects.create(
+            thread=thread,
+            segment=segment,
+            input=input,
+            created_at=now,
+            deadline_at=now + timedelta(seconds=durations["deadline_s"]),
+            last_progress_at=now,
+            no_progress_limit_s=durations["no_progress_s"],
+            stage_budget_s=durations["stage_budget_s"],
+            authorization={
+                "user": getattr(user, "username", "") or "",
+                "scopes": scopes,
+                "recorded_at": now.isoformat(),
+            },
+            idempotency_key=idempotency_key or None,
+            trace_context=trace_context or {},
+            callback_url=thread.callback_url,
+            previous_run=previous_run,
+        )
+        BudgetAccount.objects.create(run=run, limits=merged)
+        stage = enqueue_stage(
+            run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
+        )
+        return run, stage, True
+
+    try:
+        with transaction.atomic():
+            return admit_new()
+    except IntegrityError:
+        # Another request with the same key got there first: answer with its run.
+        if idempotency_key and (
+            existing := Run.objects.filter(idempotency_key=idempotency_key).first()
+        ):
+            return existing, None, False
+        raise
+
+
+def enqueue_stage(run: Run, kind: str, payload: dict[str, Any], now: datetime) -> Stage:
+    last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
+    stage = Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
+    record_event(
+        run,
+        "stage",
+        now,
+        {"stage": stage.seq, "kind": kind, "state": "queued"},
+        segment=run.segment,
+        stage=stage,
+    )
+    return stage
+
+
+def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
+    """Start a stage unless its effect is already recorded (at-least-once delivery).
+
+    A finished stage is a no-op. An unfinished one is taken when nobody holds
+    it, or when the holder's lease ran out (its worker died): "another worker
+    got there first" otherwise. ``deliveries`` counts the pick-ups.
+    """
+    changed = (
+        Stage.objects.filter(id=stage_id, finished_at__isnull=True)
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - lease))
+        .update(
+            deliveries=F("deliveries") + 1,
+            started_at=Coalesce(F("started_at"), now),
+            claimed_at=now,
+        )
+    )
+    if not changed:
+        return None
+    return Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
+
+
+def finish_stage(
+    stage: Stage,
+    *,
+    outcome: str,
+    now: datetime,
+    clocks: dict[str, int] | None = None,
+    timeout_name: str = "",
+    detail: str = "",
+) -> bool:
+    changed = Stage.objects.filter(id=stage.id, finished_at__isnull=True).update(
+        finished_at=now,
+        outcome=outcome,
+        timeout_name=timeout_name,
+        detail=detail[:4000],
+        clocks=clocks or {},
+    )
+    if changed:
+        record_event(
+            stage.run,
+            "stage",
+            now,
+            {
+                "stage": stage.seq,
+                "kind": stage.kind,
+                "state": "finished",
+                "outcome": outcome,
+                "timeout": timeout_name,
+            },
+            segment=stage.run.segment,
+            stage=stage,
+        )
+    return bool(changed)
+
+
+def mark_progress(run: Run, at: datetime) -> None:
+    """R6.1: only business progress moves the no-progress clock."""
+    Run.objects.filter(id=run.id).filter(
+        Q(last_progress_at__lt=at) | Q(last_progress_at__isnull=True)
+    ).update(last_progress_at=at)
+
+
+def run_goal(run: Run) -> str:
+    return f"run:{run.id}"
+
+
+def run_facts(run: Run, recovery: lc.RecoveryConditions | None = None) -> lc.RunFacts:
+    facts = tuple(
+        _fact_from(event.metadata) for event in run.events.filter(kind="fact").order_by("id")
+    )
+    finalization_from = None
+    if run.phase == "finalization":
+        marker = (
+            run.events.filter(kind="decision", metadata__path="finalization_only")
+            .order_by("id")
+            .first()
+        )
+        finalization_from = (
+            run.events.filter(kind="fact", id__lt=marker.id).count() if marker else len(facts)
+        )
+    settlement = None
+    if hasattr(run, "settlement") and Settlement.objects.filter(run=run).exists():
+        row = run.settlement
+        settlement = lc.Settlement(
+            row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects)
+        )
+    return lc.RunFacts(
+        run_id=str(run.id),
+        goal=run_goal(run),
+        facts=facts,
+        phase="settled" if settlement else run.phase,
+        finalization_from=finalization_from,
+        settlement=settlement,
+        recovery=recovery,
+    )
+
+
+def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
+    entry = {"at": now.isoformat(), "path": decision.path.value, "reason": decision.reason}
+    if decision.boundary_action_needed:
+        entry["boundary_action_needed"] = decision.boundary_action_needed
+    Run.objects.filter(id=run.id).update(decisions=[*run.decisions, entry])
+    run.decisions = [*run.decisions, entry]
+    record_event(
+        run,
+        "decision",
+        now,
+        {
+            "path": decision.path.value,
+            "reason": decision.reason,
+            "must_keep": list(decision.must_keep),
+        },
+        segment=run.segment,
+    )
+    if decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization":
+        Run.objects.filter(id=run.id).update(phase="finalization", status=Run.Status.FINALIZING)
+        run.phase = "finalization"
+
+
+def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settlement, bool]:
+    """R6.5: written once; a repeat returns the settlement that stands."""
+    try:
+        with transaction.atomic():
+            row = Settlement.objects.create(
+                run=run,
+                outcome=settlement.outcome.value,
+                reason_code=settlement.reason_code.value,
+                reason=settlement.reason,
+                unknown_effects=list(settlement.unknown_effects),
+                settled_at=now,
+            )
+    except IntegrityError:
+        return Settlement.objects.get(run=run), False
+    Run.objects.filter(id=run.id).update(status=Run.Status.SETTLED, phase="settled")
+    run.status, run.phase = Run.Status.SETTLED, "settled"
+    record_event(
+        run,
+        "settlement",
+        now,
+        {
+            "outcome": row.outcome,
+            "reason_code": row.reason_code,
+            "reason": row.reason,
+            "unknown_effects": row.unknown_effects,
+        },
+        segment=run.segment,
+    )
+    return row, True
+
+
+def request_cancel(run: Run, *, by: str, now: datetime) -> bool:
+    """R7.1: only an explicit stop cancels. Idempotent; a settled run is not reopened."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(id=run.id)
+        if locked.status == Run.Status.SETTLED or locked.cancel_requested_at is not None:
+            return False
+        Run.objects.filter(id=run.id).update(cancel_requested_at=now, cancel_requested_by=by)
+        record_fact(
+            locked,
+            lc.OwnerFact(lc.Owner.USER, lc.FactKind.CANCEL_REQUESTED, str(run.id), f"by {by}"),
+            now,
+        )
+        audit(
+            actor=by,
+            action="run.cancel",
+            target_type="run",
+            target_id=str(run.id),
+            reason="user stop",
+            detail={},
+            now=now,
+        )
+    return True

@@ -1,0 +1,282 @@
+"""Threads, sessions, segments and boundaries (R1); the accepted history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from governance.models import (
+    AuditEntry,
+    HistoryItem,
+    Provider,
+    Run,
+    Segment,
+    Thread,
+    ThreadSession,
+)
+from governance.rules import segments as segment_rules
+from governance.services import alerts as services_alerts
+from governance.services.audit import audit
+from governance.services.errors import BoundaryConflict, ServiceError
+
+
+def _session_id(thread: Thread, generation: int) -> str:
+    return f"{thread.id.hex[:12]}-g{generation}"
+
+
+def create_thread(
+    *,
+    provider_chain: Sequence[str],
+    now: datetime,
+    title: str = "",
+    model: str = "",
+    mode: str = "default",
+    tool_surface: Sequence[str] = (),
+    system_prompt: str = "",
+    callback_url: str = "",
+    user=None,
+) -> Thread:
+    """A thread with its first session and segment 1 (R1.2)."""
+    chain = list(provider_chain or [])
+    if not chain or not all(isinstance(p, str) and p for p in chain):
+        raise ServiceError("provider_chain", "list at least one provider id")
+    if len(set(chain)) != len(chain):
+        raise ServiceError("provider_chain", "a provider appears twice")
+    known = set(
+        Provider.objects.filter(provider_id__in=chain).values_list("provider_id", flat=True)
+    )
+    missing = [p for p in chain if p not in known]
+    if missing:
+        raise ServiceError("provider_chain", f"unknown provider(s): {', '.join(missing)}")
+    unknown_tools = sorted(set(tool_surface) - set(TOOL_NAMES))
+    if unknown_tools:
+        raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
+    if not model:
+        model = Provider.objects.get(provider_id=chain[0]).model
+    with transaction.atomic():
+        thread = Thread.objects.create(
+            title=title[:200],
+            provider_chain=chain,
+            model=model,
+            mode=mode or "default",
+            tool_surface=sorted(set(tool_surface)),
+            system_prompt=system_prompt,
+            callback_url=callback_url,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+            created_at=now,
+        )
+        session = ThreadSession.objects.create(
+            id=_session_id(thread, 1), thread=thread, generation=1, created_at=now
+        )
+        _open_segment(thread, session, 1, segment_config_of(thread), now)
+    return thread
+
+
+TOOL_NAMES = ("calculator", "kb_search", "webhook")
+
+
+def segment_config_of(source: Thread | Segment) -> segment_rules.SegmentConfig:
+    return segment_rules.SegmentConfig(
+        model=source.model,
+        mode=source.mode,
+        tool_surface=tuple(source.tool_surface),
+        system_prompt=source.system_prompt,
+    )
+
+
+def _open_segment(
+    thread: Thread,
+    session: ThreadSession,
+    number: int,
+    config: segment_rules.SegmentConfig,
+    now: datetime,
+) -> Segment:
+    value = segment_rules.Segment(session.id, number, config, now)
+    return Segment.objects.create(
+        key=value.key,
+        thread=thread,
+        session=session,
+        segment_no=number,
+        model=config.model,
+        mode=config.mode,
+        tool_surface=list(config.tool_surface),
+        system_prompt=config.system_prompt,
+        opened_at=now,
+    )
+
+
+def open_segment(thread: Thread) -> Segment:
+    return Segment.objects.select_related("session").get(thread=thread, closed_at__isnull=True)
+
+
+def _summary_of(history: Sequence[HistoryItem]) -> str:
+    # A compact keeps a deterministic, bounded digest of what was said; it never
+    # pretends to be the original (R6.4: summaries do not rebuild originals).
+    lines = [f"{item.role}: {item.content.strip()[:200]}" for item in history[-6:]]
+    return f"Summary of {len(history)} earlier message(s):\n" + "\n".join(lines)
+
+
+def apply_boundary(
+    thread: Thread,
+    kind: str,
+    *,
+    by: str,
+    reason: str,
+    now: datetime,
+    idempotency_key: str | None = None,
+    model: str | None = None,
+    mode: str | None = None,
+    tool_surface: Sequence[str] | None = None,
+    system_prompt: str | None = None,
+    expected_segment: Segment | None = None,
+) -> tuple[Segment, bool]:
+    """Close the open segment and open the next (R1.2–R1.4, R8.3).
+
+    ``expected_segment``: the segment the operator confirmed on; if another
+    boundary closed it meanwhile, ``BoundaryConflict`` instead of acting on a
+    segment nobody looked at.
+
+    Idempotent by key: the same key returns the segment it opened the first
+    time (a double click makes one boundary). Returns (segment, created).
+    """
+    audit_key = f"boundary:{idempotency_key}" if idempotency_key else None
+    if audit_key:
+        opened = _boundary_done(audit_key)
+        if opened is not None:
+            return opened, False
+    try:
+        kind = segment_rules.BoundaryKind(kind)
+    except ValueError:
+        kinds = ", ".join(k.value for k in segment_rules.BoundaryKind)
+        raise ServiceError("kind", f"unknown boundary kind {kind!r}; one of {kinds}") from None
+    if not reason or not reason.strip():
+        raise ServiceError("reason", "say why the boundary is applied")
+    if kind is segment_rules.BoundaryKind.MODEL_SWITCH and not model:
+        raise ServiceError("model", "name the model to switch to")
+    if tool_surface is not None:
+        unknown_tools = sorted(set(tool_surface) - set(TOOL_NAMES))
+        if unknown_tools:
+            raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
+    with transaction.atomic():
+        # One boundary at a time per thread: a double click waits here, then
+        # finds the first click's boundary by its key.
+        Thread.objects.select_for_update().get(pk=thread.pk)
+        if audit_key:
+            opened = _boundary_done(audit_key)
+            if opened is not None:
+                return opened, False
+        current = (
+            Segment.objects.select_for_update()
+            .select_related("session")
+            .get(thread=thread, closed_at__isnull=True)
+        )
+        if expected_segment is not None and current.pk != expected_segment.pk:
+            raise BoundaryConflict(
+                "segment", f"{expected_segment.key} was closed meanwhile; {current.key} is open"
+            )
+        old_config = segment_config_of(current)
+        new_config = segment_rules.SegmentConfig(
+            model=model if model is not None else old_config.model,
+            mode=mode if mode is not None else old_config.mode,
+            tool_surface=tuple(tool_surface)
+            if tool_surface is not None
+            else old_config.tool_surface,
+            system_prompt=system_prompt if system_prompt is not None else old_config.system_prompt,
+        )
+        generation = current.session.generation
+        new_session_id = (
+            _session_id(thread, generation + 1) if kind in segment_rules.NEW_SESSION_KINDS else None
+        )
+        value = segment_rules.Segment(
+            current.session_id, current.segment_no, old_config, current.opened_at
+        )
+        try:
+            transition = segment_rules.apply_boundary(
+                value,
+                kind,
+                at=now,
+                by=by,
+                reason=reason,
+                new_session_id=new_session_id,
+                new_config=new_config,
+            )
+        except segment_rules.SegmentError as exc:
+            raise ServiceError("kind", str(exc)) from None
+        if transition.new_session:
+            history = list(current.session.history.all())
+            session = ThreadSession.objects.create(
+                id=transition.opened.session_id,
+                thread=thread,
+                generation=generation + 1,
+                opened_by=kind.value,
+                summary=_summary_of(history) if transition.history == "summarize" else "",
+                created_at=now,
+            )
+            if transition.history == "summarize" and history:
+                HistoryItem.objects.create(
+                    session=session, seq=1, role="user", content=session.summary, accepted_at=now
+                )
+        else:
+            session = current.session
+        Segment.objects.filter(pk=current.pk).update(
+            closed_at=now, closed_kind=kind.value, closed_by=by, close_reason=reason.strip()
+        )
+        opened = _open_segment(thread, session, transition.opened.segment_no, new_config, now)
+        services_alerts.segment_closed(current, now)  # the boundary resolves its alerts (R8.2)
+        Segment.objects.filter(pk=current.pk).update(next_segment=opened)
+        Thread.objects.filter(pk=thread.pk).update(
+            model=new_config.model,
+            mode=new_config.mode,
+            tool_surface=list(new_config.tool_surface),
+            system_prompt=new_config.system_prompt,
+        )
+        audit(
+            actor=by,
+            action=f"boundary.{kind.value}",
+            target_type="segment",
+            target_id=current.key,
+            reason=reason.strip(),
+            detail={"closed": current.key, "opened": opened.key, "model": new_config.model},
+            now=now,
+            idempotency_key=audit_key,
+        )
+    return opened, True
+
+
+def _boundary_done(audit_key: str) -> Segment | None:
+    done = AuditEntry.objects.filter(idempotency_key=audit_key).first()
+    return Segment.objects.get(key=done.detail["opened"]) if done is not None else None
+
+
+def boundary_for_key(idempotency_key: str) -> Segment | None:
+    """The segment a boundary with this key opened, if it was applied already."""
+    return _boundary_done(f"boundary:{idempotency_key}") if idempotency_key else None
+
+
+def session_history(session: ThreadSession) -> list[HistoryItem]:
+    return list(session.history.order_by("seq"))
+
+
+def append_history(
+    session: ThreadSession, items: Iterable[dict[str, Any]], *, run: Run | None, now: datetime
+) -> None:
+    """R1.3: accepted history only grows."""
+    last = session.history.order_by("-seq").values_list("seq", flat=True).first() or 0
+    rows = []
+    for offset, item in enumerate(items, start=1):
+        rows.append(
+            HistoryItem(
+                session=session,
+                seq=last + offset,
+                role=item["role"],
+                content=item.get("content", ""),
+                tool_call_id=item.get("tool_call_id") or "",
+                tool_calls=item.get("tool_calls") or [],
+                run=run,
+                accepted_at=now,
+            )
+        )
+    HistoryItem.objects.bulk_create(rows)
