@@ -2,11 +2,18 @@
 
 Every reader raises ``ImproperlyConfigured`` with the variable's name on a bad
 value, so a typo stops the process at start instead of running on a default.
+This module and ``dashboard/settings.py`` are the only readers of the process
+environment (tests/test_settings_read_once.py); everything else reads
+``settings.NAME``. The one run-time reader is ``named_secret``, for secrets
+whose variable name an admin entered (exposed as
+``settings.GOVERNANCE_NAMED_SECRET``).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,21 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return number
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name} must be a finite number, not {value!r}")
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = os.environ.get(name)
     if value is None:
@@ -83,12 +105,8 @@ def env_durations(name: str, default: str) -> tuple[timedelta, ...]:
     return durations
 
 
-def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> str | None:
-    """A secret from ``NAME`` or from the file named by ``NAME_FILE``.
-
-    Secrets have no production default: when ``required`` and neither is set,
-    start-up fails. ``dev_default`` is only used when not required.
-    """
+def _secret_from(name: str) -> str | None:
+    """``NAME`` or the contents of the file named by ``NAME_FILE`` (None when neither)."""
     direct = os.environ.get(name)
     file_name = os.environ.get(f"{name}_FILE")
     if direct and file_name:
@@ -101,11 +119,40 @@ def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> 
         if not secret:
             raise ImproperlyConfigured(f"{name}_FILE={file_name!r} is empty")
         return secret
-    if direct:
-        return direct
+    return direct or None
+
+
+def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> str | None:
+    """A secret from ``NAME`` or from the file named by ``NAME_FILE``.
+
+    Secrets have no production default: when ``required`` and neither is set,
+    start-up fails. ``dev_default`` is only used when not required.
+    """
+    secret = _secret_from(name)
+    if secret:
+        return secret
     if required:
         raise ImproperlyConfigured(f"{name} (or {name}_FILE) must be set")
     return dev_default
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def named_secret(name: str) -> str | None:
+    """A secret from the environment variable an admin named (a provider's
+    ``api_key_env``, a PagerDuty channel's ``routing_key_env``), read at call time.
+
+    These names live in the database, so they cannot be fixed settings; this is
+    their one reader (``settings.GOVERNANCE_NAMED_SECRET``). Like ``env_secret``
+    it honours ``NAME_FILE``; surrounding whitespace is dropped. Returns None when
+    neither is set (or the value is blank). A name that is not a valid
+    environment variable name, both variants set, or an unreadable or empty
+    file raise ``ImproperlyConfigured`` naming the variable.
+    """
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        raise ImproperlyConfigured(f"{name!r} is not an environment variable name")
+    return (_secret_from(name) or "").strip() or None
 
 
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:

@@ -13,10 +13,12 @@ from dashboard.env import (
     database_from_url,
     env_bool,
     env_durations,
+    env_float,
     env_int,
     env_list,
     env_secret,
     env_str,
+    named_secret,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -241,6 +243,13 @@ GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS = env_int(
     "GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS", 3600, minimum=1
 )
 GOVERNANCE_CALLBACK_TIMEOUT_SECONDS = env_int("GOVERNANCE_CALLBACK_TIMEOUT_SECONDS", 10, minimum=1)
+# A callback left "sending" this long lost its worker; the next attempt may go.
+GOVERNANCE_CALLBACK_LEASE_SECONDS = env_int("GOVERNANCE_CALLBACK_LEASE_SECONDS", 300, minimum=1)
+# Stage execution (tasks/runner.py): a stage claim older than this belongs to a
+# worker that died and may be claimed again.
+GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 600, minimum=1)
+# An unknown webhook effect is verified this long after the turn (0: at once).
+GOVERNANCE_VERIFY_DELAY_SECONDS = env_float("GOVERNANCE_VERIFY_DELAY_SECONDS", 0.0, minimum=0)
 RUN_DEFAULT_DEADLINE_S = env_int("GOVERNANCE_RUN_DEADLINE_SECONDS", 1800, minimum=1)
 RUN_DEFAULT_STAGE_BUDGET_S = env_int("GOVERNANCE_STAGE_BUDGET_SECONDS", 180, minimum=1)
 RUN_DEFAULT_NO_PROGRESS_S = env_int("GOVERNANCE_NO_PROGRESS_SECONDS", 300, minimum=1)
@@ -253,7 +262,7 @@ RUN_DEFAULT_BUDGET = {
     "output_reserve": env_int("GOVERNANCE_BUDGET_OUTPUT_RESERVE", 2, minimum=0),
 }
 
-# --- Alert channels (R3.6, R8.2; governance/services_alerts.py, tasks/alerts.py) ---
+# --- Alert channels (R3.6, R8.2; governance/services/alerts.py, tasks/alerts.py) ---
 # An unacknowledged critical alert re-notifies the next tier this often.
 GOVERNANCE_ESCALATION_MINUTES = env_int("GOVERNANCE_ESCALATION_MINUTES", 15, minimum=1)
 # Transient failures (429, 5xx, network) retry with capped exponential backoff.
@@ -266,6 +275,12 @@ GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS = env_int(
 )
 # Links in outbound alerts point here.
 GOVERNANCE_DASHBOARD_URL = env_str("GOVERNANCE_DASHBOARD_URL") or "http://localhost:8000"
+
+# Secrets whose variable an admin names in the database (a provider's
+# api_key_env, a PagerDuty channel's routing_key_env) cannot be read here at
+# start-up: governance/ and tasks/ call this with the name, at run time
+# (NAME or NAME_FILE; None when unset; ImproperlyConfigured on a bad name).
+GOVERNANCE_NAMED_SECRET = named_secret
 
 # E-mail channels use Django's backend: the console in development (mail is
 # printed), SMTP when configured; Django's test environment swaps in locmem.

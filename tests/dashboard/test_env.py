@@ -117,3 +117,68 @@ def test_r3_2_reprobe_delays_come_from_the_environment(monkeypatch):
         monkeypatch.setenv("DELAYS", bad)
         with pytest.raises(ImproperlyConfigured, match="DELAYS"):
             env_durations("DELAYS", "15m")
+
+
+def test_env_float_checks_number_finiteness_and_minimum(monkeypatch):
+    from dashboard.env import env_float
+
+    monkeypatch.delenv("DELAY", raising=False)
+    assert env_float("DELAY", 0.0, minimum=0) == 0.0
+    monkeypatch.setenv("DELAY", " 2.5 ")
+    assert env_float("DELAY", 0.0, minimum=0) == 2.5
+    for bad, message in (
+        ("soon", "must be a number"),
+        ("nan", "must be a finite"),
+        ("inf", "must be a finite"),
+    ):
+        monkeypatch.setenv("DELAY", bad)
+        with pytest.raises(ImproperlyConfigured, match=f"DELAY {message}"):
+            env_float("DELAY", 0.0)
+    monkeypatch.setenv("DELAY", "-1")
+    with pytest.raises(ImproperlyConfigured, match="DELAY must be at least 0"):
+        env_float("DELAY", 0.0, minimum=0)
+
+
+def test_named_secret_reads_the_named_variable_at_call_time(monkeypatch):
+    from dashboard.env import named_secret
+
+    monkeypatch.delenv("PROVIDER_KEY", raising=False)
+    monkeypatch.delenv("PROVIDER_KEY_FILE", raising=False)
+    assert named_secret("PROVIDER_KEY") is None
+    monkeypatch.setenv("PROVIDER_KEY", "  sk-123 \n")
+    assert named_secret("PROVIDER_KEY") == "sk-123"
+    monkeypatch.setenv("PROVIDER_KEY", "   ")
+    assert named_secret("PROVIDER_KEY") is None
+
+
+def test_named_secret_honours_the_file_variant(monkeypatch, tmp_path: Path):
+    from dashboard.env import named_secret
+
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-file\n")
+    monkeypatch.delenv("PROVIDER_KEY", raising=False)
+    monkeypatch.setenv("PROVIDER_KEY_FILE", str(key_file))
+    assert named_secret("PROVIDER_KEY") == "sk-from-file"
+    monkeypatch.setenv("PROVIDER_KEY", "other")
+    with pytest.raises(ImproperlyConfigured, match="not both"):
+        named_secret("PROVIDER_KEY")
+    monkeypatch.delenv("PROVIDER_KEY")
+    monkeypatch.setenv("PROVIDER_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="cannot be read"):
+        named_secret("PROVIDER_KEY")
+
+
+@pytest.mark.parametrize("name", ["", "1KEY", "MY-KEY", "KEY NAME", "KEY=x", "KEY\n", None])
+def test_named_secret_rejects_what_is_not_a_variable_name(name):
+    from dashboard.env import named_secret
+
+    with pytest.raises(ImproperlyConfigured, match="not an environment variable name"):
+        named_secret(name)
+
+
+def test_named_secret_is_the_settings_accessor():
+    from django.conf import settings
+
+    from dashboard.env import named_secret
+
+    assert settings.GOVERNANCE_NAMED_SECRET is named_secret

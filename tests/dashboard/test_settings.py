@@ -87,3 +87,34 @@ def test_suite_runs_on_postgresql_and_redis():
         assert "PostgreSQL" in cursor.fetchone()[0]
     assert settings.CELERY_BROKER_URL.startswith("redis://")
     assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
+
+
+def test_run_time_settings_have_one_default_each(tmp_path: Path):
+    """Settings read elsewhere as ``settings.NAME`` get their default here, once."""
+    script = (
+        "from django.conf import settings as s;"
+        "print(s.GOVERNANCE_STAGE_LEASE_SECONDS, s.GOVERNANCE_VERIFY_DELAY_SECONDS,"
+        " s.GOVERNANCE_CALLBACK_LEASE_SECONDS, s.GOVERNANCE_CLOCK_ADJUSTABLE,"
+        " s.GOVERNANCE_DASHBOARD_URL, s.GOVERNANCE_NAMED_SECRET.__name__)"
+    )
+    result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "600", "0.0", "300", "False", "http://localhost:8000", "named_secret",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("GOVERNANCE_STAGE_LEASE_SECONDS", "0", "must be at least 1"),
+        ("GOVERNANCE_STAGE_LEASE_SECONDS", "10m", "must be an integer"),
+        ("GOVERNANCE_VERIFY_DELAY_SECONDS", "-1", "must be at least 0"),
+        ("GOVERNANCE_VERIFY_DELAY_SECONDS", "soon", "must be a number"),
+        ("GOVERNANCE_CALLBACK_LEASE_SECONDS", "0", "must be at least 1"),
+    ],
+)
+def test_bad_run_time_setting_refuses_to_start(tmp_path: Path, name, value, message):
+    result = _manage("check", env={name: value}, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert f"{name} {message}" in result.stderr
