@@ -56,7 +56,7 @@ def install(clock: Callable[[], datetime] | None) -> None:
 def _offset() -> timedelta:
     from django.conf import settings
 
-    if not getattr(settings, "GOVERNANCE_CLOCK_ADJUSTABLE", False):
+    if not settings.GOVERNANCE_CLOCK_ADJUSTABLE:
         return timedelta(0)
     from django.core.cache import cache
 
@@ -75,7 +75,7 @@ def shift(delta: timedelta) -> timedelta:
     from django.conf import settings
     from django.core.cache import cache
 
-    if not getattr(settings, "GOVERNANCE_CLOCK_ADJUSTABLE", False):
+    if not settings.GOVERNANCE_CLOCK_ADJUSTABLE:
         raise RuntimeError("set GOVERNANCE_CLOCK_ADJUSTABLE=1 to move the shared clock")
     if delta < timedelta(0):
         raise ValueError("time does not run backwards")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import email.utils
 import logging
-import os
 import smtplib
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 from celery import shared_task
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.urls import NoReverseMatch, reverse
@@ -98,7 +97,7 @@ def _action(event: str) -> str:
 
 
 def dashboard_link(notification: Notification) -> str:
-    base = getattr(settings, "GOVERNANCE_DASHBOARD_URL", "http://localhost:8000").rstrip("/")
+    base = settings.GOVERNANCE_DASHBOARD_URL.rstrip("/")
     try:
         path = reverse("alerts")
     except NoReverseMatch:
@@ -184,9 +183,14 @@ def send(delivery: NotificationDelivery) -> DeliveryResult:
             env_name = channel.routing_key_env.strip()
             if not env_name:
                 raise BadConfig("no routing key env var is configured")
-            routing_key = os.environ.get(env_name, "").strip()
+            try:
+                routing_key = settings.GOVERNANCE_NAMED_SECRET(env_name)
+            except ImproperlyConfigured as exc:
+                raise BadConfig(f"routing key: {exc}") from None
             if not routing_key:
-                raise BadConfig(f"env var {env_name} (the routing key) is not set")
+                raise BadConfig(
+                    f"env var {env_name} (or {env_name}_FILE, the routing key) is not set"
+                )
             url = channel.target.strip() or PAGERDUTY_EVENTS_URL
             return _post(url, pagerduty_body(delivery, routing_key), delivery)
         if channel.kind == AlertChannel.Kind.SLACK:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def _timeout() -> httpx.Timeout:
-    seconds = float(getattr(settings, "GOVERNANCE_CALLBACK_TIMEOUT_SECONDS", 10))
+    seconds = float(settings.GOVERNANCE_CALLBACK_TIMEOUT_SECONDS)
     return httpx.Timeout(seconds, connect=min(seconds, 5.0))
 
 

@@ -69,18 +69,18 @@ class DeliveryResult:
 
 
 def escalation_interval() -> timedelta:
-    return timedelta(minutes=getattr(settings, "GOVERNANCE_ESCALATION_MINUTES", 15))
+    return timedelta(minutes=settings.GOVERNANCE_ESCALATION_MINUTES)
 
 
 def _claim_lease() -> timedelta:
     # A row left in "sending" longer than this belongs to a worker that died.
-    return timedelta(seconds=getattr(settings, "GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS", 300))
+    return timedelta(seconds=settings.GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS)
 
 
 def retry_delay(attempts: int, retry_after_s: float | None = None) -> timedelta:
     """Capped exponential backoff; a server's Retry-After is honoured up to the cap."""
-    base = getattr(settings, "GOVERNANCE_ALERT_RETRY_BASE_SECONDS", 30)
-    cap = getattr(settings, "GOVERNANCE_ALERT_RETRY_MAX_SECONDS", 3600)
+    base = settings.GOVERNANCE_ALERT_RETRY_BASE_SECONDS
+    cap = settings.GOVERNANCE_ALERT_RETRY_MAX_SECONDS
     seconds = base * 2 ** max(0, min(attempts - 1, 20))
     if retry_after_s is not None:
         seconds = max(seconds, retry_after_s)
@@ -306,7 +306,7 @@ def record_result(delivery: NotificationDelivery, result: DeliveryResult, now: d
         )
         return State.DELIVERED
     if result.kind == DeliveryResult.TRANSIENT:
-        limit = getattr(settings, "GOVERNANCE_ALERT_MAX_ATTEMPTS", 12)
+        limit = settings.GOVERNANCE_ALERT_MAX_ATTEMPTS
         if delivery.attempts >= limit:
             mine.update(
                 state=State.FAILED,

@@ -50,20 +50,20 @@ EVENT = "run.settled"
 
 
 def max_attempts() -> int:
-    return int(getattr(settings, "GOVERNANCE_CALLBACK_MAX_ATTEMPTS", 8))
+    return settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS
 
 
 def _backoff_base() -> float:
-    return float(getattr(settings, "GOVERNANCE_CALLBACK_BACKOFF_SECONDS", 10))
+    return settings.GOVERNANCE_CALLBACK_BACKOFF_SECONDS
 
 
 def _backoff_cap() -> float:
-    return float(getattr(settings, "GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS", 3600))
+    return settings.GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS
 
 
 def _lease() -> timedelta:
     # A ``sending`` row older than this lost its worker; the next attempt may go.
-    return timedelta(seconds=float(getattr(settings, "GOVERNANCE_CALLBACK_LEASE_SECONDS", 300)))
+    return timedelta(seconds=settings.GOVERNANCE_CALLBACK_LEASE_SECONDS)
 
 
 # Retry-After above this is not honoured literally (a day): still a retry, just capped.
@@ -88,7 +88,7 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def secret() -> str:
-    value = getattr(settings, "GOVERNANCE_CALLBACK_SECRET", None)
+    value = settings.GOVERNANCE_CALLBACK_SECRET
     if not value:
         raise RuntimeError("GOVERNANCE_CALLBACK_SECRET is not configured")
     return value

@@ -319,6 +319,36 @@ def test_r8_2_pagerduty_without_routing_key_is_bad_config(receiver, monkeypatch,
     assert receiver.requests == []
 
 
+@pytest.mark.django_db
+def test_r8_2_pagerduty_routing_key_from_a_file(receiver, monkeypatch, tmp_path, clock_at_start):
+    """The routing key is read by settings.GOVERNANCE_NAMED_SECRET, which honours
+    NAME_FILE like every other secret (mounted secrets, no key in the env)."""
+    key_file = tmp_path / "pd-key"
+    key_file.write_text("file-routing-key\n")
+    monkeypatch.delenv("PD_KEY_IN_FILE", raising=False)
+    monkeypatch.setenv("PD_KEY_IN_FILE_FILE", str(key_file))
+    channel("pager", "pagerduty", receiver.url("/pd"), routing_key_env="PD_KEY_IN_FILE")
+    emit(make_thread(START).segments.get(), "critical", START)
+    (row,) = deliveries()
+    assert alerts.deliver(row.id) == State.DELIVERED
+    assert [r["body"]["routing_key"] for r in receiver.at("/pd")] == ["file-routing-key"]
+
+
+@pytest.mark.django_db
+def test_r8_2_pagerduty_routing_key_env_that_is_no_variable_name_is_bad_config(
+    receiver, clock_at_start
+):
+    """A routing-key env "name" that cannot be a variable name is a permanent
+    configuration error: disabled, nothing sent."""
+    pd = channel("pager", "pagerduty", receiver.url("/pd"), routing_key_env="PD-KEY")
+    emit(make_thread(START).segments.get(), "critical", START)
+    (row,) = deliveries()
+    assert alerts.deliver(row.id) == State.FAILED
+    pd.refresh_from_db()
+    assert not pd.enabled and "not an environment variable name" in pd.disabled_reason
+    assert receiver.requests == []
+
+
 # --------------------------------------------------------------------------- budget
 
 
