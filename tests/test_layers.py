@@ -1,4 +1,4 @@
-"""The layers and their import direction (ARCHITECTURE.md).
+"""The layers and their import direction (docs/architecture.md).
 
 governance/rules/ is the spec in code: no Django, Celery, network or clock.
 Time is a parameter. Everything else of governance/ (facts, services, the
