@@ -40,6 +40,7 @@ def frozen_segment():
 def test_r8_2_on_call_acknowledges_the_critical_alert_without_a_reload(
     page_for, oncall, frozen_segment, shots
 ):
+    """R8.2: on-call acknowledges the critical freeze alert in one click; name and time recorded."""
     _thread, segment, alert = frozen_segment
     page = page_for(oncall.username)
     page.evaluate("window.__noReload = true")
@@ -59,6 +60,8 @@ def test_r8_2_on_call_acknowledges_the_critical_alert_without_a_reload(
 def test_r8_3_operator_forces_a_fresh_start_and_sees_every_provider_eligible(
     page_for, operator, frozen_segment, shots, live_server
 ):
+    """R8.1, R8.3: the segment page shows the frozen provider; a fresh start with a reason
+    opens a new segment where every provider is eligible, and the audit log has it."""
     _thread, segment, _alert = frozen_segment
     page = page_for(operator.username)
     page.locator("#board").get_by_role("link", name=segment.key).first.click()
@@ -86,6 +89,7 @@ def test_r8_3_operator_forces_a_fresh_start_and_sees_every_provider_eligible(
 def test_r8_4_manager_filters_a_week_sees_discrepancies_and_downloads_the_csv(
     page_for, manager, shots, tmp_path
 ):
+    """R8.4: a manager filters a week, sees the discrepancy and downloads the CSV."""
     import csv
 
     now = time_source.now()

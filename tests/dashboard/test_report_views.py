@@ -243,6 +243,7 @@ def test_r84_anonymous_is_sent_to_login(client, url):
 @pytest.mark.parametrize("role", ["oncall", "operator", "outsider"])
 @pytest.mark.parametrize("url", [REPORT, CSV])
 def test_r84_only_managers_see_the_report_others_get_403(client, request, role, url):
+    """R8.4: the report and its CSV are for managers; every other role gets 403."""
     client.force_login(request.getfixturevalue(role))
     assert client.get(url).status_code == 403
 
@@ -254,6 +255,7 @@ def test_r84_the_nav_link_is_hidden_from_non_managers(client, request, role):
 
 
 def test_r84_manager_sees_the_nav_link_and_the_page(client, manager):
+    """R8.4: a manager reaches the delivery-versus-settlement report from the nav."""
     client.force_login(manager)
     response = get_report(client)
     body = response.content.decode()
@@ -329,6 +331,7 @@ def test_r84_quick_links_cover_24h_7_and_30_days_and_keep_the_grouping(client, m
 
 
 def test_r84_provider_and_outcome_filters_narrow_every_table(client, manager, providers):
+    """R8.4: the provider and outcome filters narrow the aggregate and the discrepancies."""
     make_run(RunSpec(provider="alpha", outcome="completed", chunks=("CSF",)))
     make_run(RunSpec(provider="beta", outcome="completed", chunks=("CF",)))
     make_run(RunSpec(provider="beta", outcome="partial", chunks=("CSO", "C", "")))
@@ -651,6 +654,7 @@ def test_r84_htmx_history_restore_gets_the_whole_page(client, manager):
 
 
 def test_r84_chart_is_inline_svg_with_patterns_and_text_labels(client, manager, providers):
+    """R8.4: the chart of outcomes and client evidence, inline SVG with text labels."""
     make_run(RunSpec(outcome="completed", chunks=("CSOF",)))
     make_run(RunSpec(outcome="partial", chunks=("CS", "")))
     client.force_login(manager)
@@ -695,6 +699,7 @@ def _screen_rows(client, params) -> tuple[list[list[str]], list[list[str]]]:
 
 @pytest.mark.parametrize("group", ["day", "provider", "outcome"])
 def test_r84_csv_holds_exactly_the_rows_on_screen(client, manager, providers, group):
+    """R8.4: the CSV export holds exactly the aggregate and discrepancy rows on screen."""
     for spec in _mixed_specs():
         make_run(spec)
     for m in range(20):  # more than one page of discrepancies
