@@ -24,8 +24,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from governance import services, time_source
 from governance.models import ApiToken, Run, Segment, Thread
+from governance.services.stages import publish
 from tasks import instrumentation as spans
-from tasks.runner import publish
 
 
 class ApiError(Exception):

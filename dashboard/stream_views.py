@@ -39,7 +39,7 @@ from dashboard.api import ApiError, _authenticate, error_response
 from governance import services, time_source
 from governance.models import Run, RunEvent, Settlement
 from governance.services import stream as stream
-from tasks.runner import publish
+from governance.services.stages import publish
 
 POLL_S = 0.5  # how often new events are looked for
 KEEPALIVE_S = 15.0  # a comment line on an idle stream so proxies keep it open

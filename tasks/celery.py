@@ -17,7 +17,7 @@ app = Celery("governance")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.include = [
     "tasks.jobs",
-    "tasks.runner",
+    "tasks.stages",
     "tasks.span_store",
     "tasks.callbacks",
     "tasks.alerts",

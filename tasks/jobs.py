@@ -40,6 +40,6 @@ def clock_watchdog() -> dict[str, int]:
     """R6.1/R6.3: settle or finalize runs that breached their deadline or stopped
     making progress while no stage holds them, and re-send stages whose publish
     was lost (a stage claim is idempotent, so a duplicate send is harmless)."""
-    from tasks.runner import watchdog_pass
+    from tasks.stages.watchdog import watchdog_pass
 
     return watchdog_pass()

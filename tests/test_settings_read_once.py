@@ -190,7 +190,7 @@ def test_allow_list_names_files_that_exist():
 
 def test_the_scan_covers_the_entry_points_and_skips_only_the_readers():
     scanned = {p.relative_to(REPO_ROOT).as_posix() for p in scanned_files()}
-    assert {"manage.py", "tasks/runner.py", "tasks/span_store.py", "tasks/celery.py"} <= scanned
+    assert {"manage.py", "tasks/stages/model_turn.py", "tasks/span_store.py", "tasks/celery.py"} <= scanned
     assert {"dashboard/asgi.py", "dashboard/management/commands/up.py"} <= scanned
     assert scanned.isdisjoint(READERS)
 
@@ -230,7 +230,7 @@ BOOTSTRAP_SOURCE = (
 def test_checker_allows_bootstrap_only_in_entry_points():
     assert environment_uses(BOOTSTRAP_SOURCE, "tasks/celery.py") == []
     assert environment_uses(BOOTSTRAP_SOURCE, "manage.py") == []
-    assert environment_uses(BOOTSTRAP_SOURCE, "tasks/runner.py") != []
+    assert environment_uses(BOOTSTRAP_SOURCE, "tasks/stages/model_turn.py") != []
     captured = "import os\nx = os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'd.s')"
     assert environment_uses(captured, "tasks/celery.py") != []
 

@@ -164,14 +164,6 @@ _NEXT_STATE: dict[tuple[ConnectionState, ConnectionEventKind], ConnectionState] 
 }
 
 
-def allowed_events(connection: RunConnection) -> frozenset[ConnectionEventKind]:
-    """R7.1: event kinds accepted now (settle(cancelled) additionally needs a user stop)."""
-    kinds = {kind for (state, kind) in _NEXT_STATE if state is connection.state}
-    if connection.state not in SETTLED_STATES:
-        kinds.add(ConnectionEventKind.SETTLE)
-    return frozenset(kinds)
-
-
 def apply_connection_event(
     connection: RunConnection, event: ConnectionEvent
 ) -> ConnectionTransition:

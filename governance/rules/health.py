@@ -46,13 +46,11 @@ __all__ = [
     "ProviderHealth",
     "TurnRefusal",
     "TurnRefusalMemory",
-    "admit_probe",
     "breaker_cooldown",
     "classify_attempt",
     "effective_breaker_state",
     "health_verdict",
     "parse_retry_after",
-    "prune_turn_refusals",
     "record_failure",
     "record_success",
     "remember_turn_refusal",
@@ -665,19 +663,6 @@ def health_verdict(
     )
 
 
-def admit_probe(health: ProviderHealth, now: datetime, policy: BreakerPolicy) -> ProviderHealth:
-    """Take the single half-open probe slot for ``policy.probe_lease`` (R2.2).
-
-    Optional: callers that record it make "one probe" hold across concurrent
-    turns. Raises ``ValueError`` unless a probe is due right now.
-    """
-    now = _require_aware(now, "now")
-    verdict = health_verdict(health, now)
-    if verdict.state != "half_open" or not verdict.available:
-        raise ValueError(f"no half-open probe is due for {health.provider_id!r}: {verdict.reason}")
-    return replace(health, breaker="half_open", probe_lease_until=now + policy.probe_lease)
-
-
 def record_failure(
     health: ProviderHealth,
     classification: Classification,
@@ -875,12 +860,3 @@ def turn_recently_refused(
     now = _require_aware(now, "now")
     refused_at = memory.refused_at(provider_id, request_digest)
     return refused_at is not None and now < refused_at + ttl
-
-
-def prune_turn_refusals(
-    memory: TurnRefusalMemory, now: datetime, ttl: timedelta = REFUSAL_SCOPE_TTL
-) -> TurnRefusalMemory:
-    """Drop the entries whose TTL has run out at ``now`` (R2.3)."""
-    _check_ttl(ttl)
-    now = _require_aware(now, "now")
-    return TurnRefusalMemory(tuple(e for e in memory.entries if now < e.refused_at + ttl))

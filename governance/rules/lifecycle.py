@@ -349,48 +349,6 @@ def dispatch_allowed(
     return DispatchVerdict(allowed=not blocked, blocked_by=tuple(blocked), advisories=advisories)
 
 
-class StopHookAdvice(StrEnum):
-    """What a stop hook answered (R4.3). Advice only."""
-
-    NONE = "none"
-    STOP = "stop"
-    CONTINUE = "continue"
-    BLOCK = "block"
-
-
-@dataclass(frozen=True)
-class CompletionVerdict:
-    """R4.3: whether the turn completes, with the hook's advice kept as a note."""
-
-    complete: bool
-    advice_note: str
-
-
-def completion_decision(
-    model_completed: bool, stop_hook_advice: StopHookAdvice | str
-) -> CompletionVerdict:
-    """R4.3: a stop hook neither vetoes a legal completion nor forces an extra request.
-
-    The result follows the model's completion alone; the advice is only recorded.
-    Objective limits (cancel, hard limits) are applied by ``next_path``, not here.
-    """
-    if not isinstance(model_completed, bool):
-        raise LifecycleError("model_completed must be a bool")
-    try:
-        advice = StopHookAdvice(stop_hook_advice)
-    except ValueError:
-        raise LifecycleError(f"unknown stop hook advice {stop_hook_advice!r}") from None
-    if advice is StopHookAdvice.NONE:
-        note = "no stop hook advice"
-    elif model_completed and advice in (StopHookAdvice.CONTINUE, StopHookAdvice.BLOCK):
-        note = f"stop hook advised {advice!s}; recorded as advice, the legal completion stands"
-    elif not model_completed and advice is StopHookAdvice.STOP:
-        note = "stop hook advised stop; recorded as advice, the run lifecycle picks the next path"
-    else:
-        note = f"stop hook advised {advice!s}; recorded as advice"
-    return CompletionVerdict(complete=model_completed, advice_note=note)
-
-
 # ---------------------------------------------------------------------------
 # R6.5 Settlement
 
@@ -1189,6 +1147,71 @@ def allowed_stages(decision: Decision) -> frozenset[Stage]:
     if decision.path is Path.FINALIZATION_ONLY:
         return frozenset({Stage.ANSWER})
     return frozenset()
+
+
+STAGE_OF_KIND: Mapping[str, Stage] = MappingProxyType(
+    {"model_turn": Stage.ANSWER, "finalization": Stage.ANSWER, "tool_call": Stage.TOOLS}
+)
+"""The runtime's stage kinds as the lifecycle's stages (a model turn answers or asks for tools)."""
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """The stage a decision starts next, and how long its send waits."""
+
+    kind: str
+    payload: Mapping[str, object]
+    countdown_s: float = 0.0
+
+
+def needs_recovery_conditions(facts: Sequence[OwnerFact]) -> bool:
+    """Whether :func:`next_path` may consult the R6.4 conditions: only when the
+    latest provider fact is a transient failure (gathering them costs reads)."""
+    latest = _latest(tuple(facts), AUTHORITY[Owner.PROVIDER])
+    return latest is not None and latest.kind is FactKind.TRANSIENT_FAILURE
+
+
+def follow_up(
+    decision: Decision,
+    next_work: Mapping[str, object] | None,
+    *,
+    last_increment: Sequence[Mapping[str, object]],
+    finalization_started: bool,
+    recovery_delay_s: float = 0.0,
+    max_recovery_wait_s: float = 600.0,
+    verify_delay_s: float = 0.0,
+    verification: tuple[Mapping[str, object], int] | None = None,
+) -> FollowUp | None:
+    """R6.3: the one stage the decided path starts, or None.
+
+    Verify → a verification stage (a repeated one keeps the original ways on and
+    counts its attempt); finalization-only → the one finalization, never a second;
+    bounded recovery → the same turn again inside the original mechanism, once a
+    breaker may have half-opened (the deadline still bounds the run); continue →
+    the next work. Every stage started is one the decision allows (R4.5).
+    """
+    if decision.path is Path.VERIFY_EFFECT:
+        resume, attempt = verification if verification is not None else (next_work or {}, 0)
+        return FollowUp(
+            "verify_effect",
+            {"keys": list(decision.verify_keys), "resume": dict(resume), "attempt": attempt + 1},
+            countdown_s=verify_delay_s,
+        )
+    if decision.path is Path.FINALIZATION_ONLY:
+        follow = None if finalization_started else FollowUp("finalization", {"increment": []})
+    elif decision.path is Path.BOUNDED_RECOVERY:
+        follow = FollowUp(
+            "model_turn",
+            {"increment": [dict(item) for item in last_increment], "recovery": True},
+            countdown_s=min(max(recovery_delay_s, 0.0), max_recovery_wait_s),
+        )
+    elif decision.path is Path.CONTINUE and next_work:
+        follow = FollowUp(str(next_work["kind"]), dict(next_work["payload"]))  # type: ignore[arg-type]
+    else:
+        return None
+    if follow is not None and STAGE_OF_KIND[follow.kind] not in allowed_stages(decision):
+        raise IllegalTransitionError(f"{decision.path!s} does not allow a {follow.kind} stage")
+    return follow
 
 
 # ---------------------------------------------------------------------------

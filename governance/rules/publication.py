@@ -298,6 +298,36 @@ def mark_chunk_sent(publication: Publication, chunk_id: int) -> Publication:
     return _with_chunk(publication, replace(chunk, sent=True))
 
 
+def commit_body(publication: Publication, count: int) -> tuple[Publication, tuple[int, ...]]:
+    """R7.2: generate, then commit, the next ``count`` chunks of the body, the
+    last one final; each is committed with its chunk id as version. Returns the
+    new facts and the ids committed."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise PublicationError(f"a body has at least one chunk, got {count!r}")
+    first = len(publication.chunks) + 1
+    ids = tuple(range(first, first + count))
+    for chunk_id in ids:
+        publication = generate_chunk(publication, chunk_id, final=chunk_id == ids[-1])
+        publication = commit_chunk(publication, chunk_id, chunk_id)
+    return publication, ids
+
+
+def newly_sent(publication: Publication, chunk_ids: Sequence[int]) -> tuple[int, ...]:
+    """R7.2: which of ``chunk_ids`` become *sent* now: committed ones not sent
+    before (a chunk never committed cannot be sent; a repeat changes nothing)."""
+    fresh = []
+    for chunk_id in sorted(set(chunk_ids)):
+        if not 1 <= chunk_id <= len(publication.chunks):
+            continue
+        if not publication.chunk(chunk_id).committed:
+            continue
+        before = publication
+        publication = mark_chunk_sent(publication, chunk_id)
+        if publication is not before:
+            fresh.append(chunk_id)
+    return tuple(fresh)
+
+
 def record_client_ack(publication: Publication, through_chunk_id: int) -> Publication:
     """R7.2/R7.3: the client acknowledged every chunk up to ``through_chunk_id``.
 

@@ -321,6 +321,38 @@ def every_provider_frozen(
     )
 
 
+def no_eligible_provider_notice(
+    *,
+    run_id: str,
+    segment_key: str,
+    provider_ids: Sequence[str],
+    refusals: Mapping[str, ProviderRefusal],
+    now: datetime,
+    boundary_action_needed: str,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> Notice | None:
+    """R6.3: the critical alert of a run settled because no provider is eligible.
+
+    Only when every provider is frozen: cooling providers come back by
+    themselves, so the run settles honestly but nobody is paged for a wait the
+    rule ends on its own (R3.6).
+    """
+    if not every_provider_frozen(provider_ids, refusals, now, delays):
+        return None
+    return Notice(
+        dedupe_key=f"no-eligible-provider:{segment_key}",
+        severity="critical",
+        text=(
+            f"Run {run_id} settled: no provider is eligible in segment {segment_key} "
+            f"(each was {RULE_TEXT}). {boundary_action_needed}."
+        ),
+        segment_key=segment_key,
+        provider_ids=tuple(sorted(provider_ids)),
+        reprobes=len(delays),
+        created_at=now,
+    )
+
+
 # --- the llm-fallback card is the store of R3.2 state (R3.5) ---------------
 
 

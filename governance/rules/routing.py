@@ -213,6 +213,8 @@ class TurnOutcome:
 # problem that the next provider could fix (R6.1).
 _TURN_ENDING_FAILURES = {
     "bad_request": "failed",
+    "cancelled": "failed",  # the user's stop blocks every further send (R4.3, R6.3)
+    "not_permitted": "failed",
     "interrupted": "interrupted",
     "budget_exhausted": "failed",
     "deadline_exceeded": "failed",
@@ -367,3 +369,23 @@ def why_no_candidate(
     if reasons and all(reason in ("frozen", "cooling", "refused") for reason in reasons):
         return "refused", None
     return "unavailable", None
+
+
+def turn_chain(
+    chain_ids: Sequence[str], provider_models: Mapping[str, str], segment_model: str
+) -> tuple[ChainEntry, ...]:
+    """R1.2/R8.3: the segment's model goes to the provider that serves it (a
+    model switch moves that provider first); other providers keep their
+    configured model. Unknown providers are left out."""
+    ordered = list(chain_ids)
+    serving = [pid for pid in ordered if provider_models.get(pid) == segment_model]
+    if serving:
+        ordered.remove(serving[0])
+        ordered.insert(0, serving[0])
+    entries = []
+    for pid in ordered:
+        if pid not in provider_models:
+            continue
+        model = segment_model if pid == ordered[0] and segment_model else provider_models[pid]
+        entries.append(ChainEntry(pid, model))
+    return tuple(entries)

@@ -13,7 +13,6 @@ Pure module: the current time is always the ``now`` parameter, and every
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -103,25 +102,6 @@ class StageClocks:
 
 
 @dataclass(frozen=True)
-class StageLimits:
-    """Per-stage limits the four clocks are compared against (R6.1, R6.2).
-
-    ``stage_budget`` is the execution allowance before capping by the run
-    deadline (see :func:`stage_budget`); ``queue_wait`` bounds time spent
-    queued; ``no_progress`` bounds time since the run's latest business
-    progress.
-    """
-
-    queue_wait: timedelta
-    stage_budget: timedelta
-    no_progress: timedelta
-
-    def __post_init__(self) -> None:
-        for name in ("queue_wait", "stage_budget", "no_progress"):
-            _require_positive(name, getattr(self, name))
-
-
-@dataclass(frozen=True)
 class RunClockFacts:
     """What the clock watchdog knows about one running run (R6.1)."""
 
@@ -194,25 +174,23 @@ def is_business_progress(kind: RunEventKind | str) -> bool:
     return _event_kind(kind) in BUSINESS_PROGRESS_KINDS
 
 
-def latest_progress_at(
-    events: Iterable[tuple[RunEventKind | str, datetime]], run_started_at: datetime
-) -> datetime:
-    """R6.1: the start of the no-progress clock.
+# What each kind of a provider's stream event is for the no-progress clock:
+# text and tool-call deltas are model output; the rest only shows a live pipe.
+STREAM_EVENT_KINDS: dict[str, RunEventKind] = {
+    "text": RunEventKind.MODEL_OUTPUT_ACCEPTED,
+    "tool_call": RunEventKind.MODEL_OUTPUT_ACCEPTED,
+    "headers": RunEventKind.TRANSPORT_HEARTBEAT,
+    "heartbeat": RunEventKind.TRANSPORT_HEARTBEAT,
+    "finish": RunEventKind.TRANSPORT_HEARTBEAT,
+    "usage": RunEventKind.USAGE,
+    "reasoning": RunEventKind.REASONING_FRAGMENT,
+}
 
-    The latest business-progress event among ``(kind, at)`` pairs, or
-    ``run_started_at`` if there is none (the run start counts as progress so a
-    run that never produces anything still hits ``no_progress``). Events may be
-    in any order; an event before the run started is out of order.
-    """
-    _require_aware("run_started_at", run_started_at)
-    latest = run_started_at
-    for kind, at in events:
-        progress = is_business_progress(kind)
-        _require_aware("event time", at)
-        _require_order("run_started_at", run_started_at, f"{_event_kind(kind)} event", at)
-        if progress and at > latest:
-            latest = at
-    return latest
+
+def stream_event_is_progress(kind: str) -> bool:
+    """R6.1 for a stream event: an unknown kind is not progress (the safe side)."""
+    event = STREAM_EVENT_KINDS.get(kind)
+    return event is not None and is_business_progress(event)
 
 
 # --------------------------------------------------------------------------- clocks
@@ -293,18 +271,43 @@ def stage_budget(stage_budget: timedelta, now: datetime, deadline_at: datetime) 
     return max(ZERO, min(stage_budget, deadline_at - now))
 
 
-def stage_deadline_at(
-    stage_budget: timedelta, started_at: datetime, deadline_at: datetime
-) -> datetime:
-    """R6.1: the instant a stage started at ``started_at`` must stop.
+@dataclass(frozen=True)
+class AttemptAllowance:
+    """What one provider request may use (R6.1): its time budget, what is left
+    of the no-progress allowance, and whether the deadline set the budget."""
 
-    ``min(started_at + stage_budget, deadline_at)``: never later than the run's
-    deadline. A result at or before ``started_at`` means the stage has no time.
-    """
-    _require_positive("stage_budget", stage_budget)
-    _require_aware("started_at", started_at)
-    _require_aware("deadline_at", deadline_at)
-    return min(started_at + stage_budget, deadline_at)
+    budget_s: float
+    no_progress_s: float
+    deadline_bound: bool
+
+
+def attempt_allowance(
+    *,
+    now: datetime,
+    stage_budget_s: float,
+    deadline_at: datetime,
+    run_started_at: datetime,
+    last_progress_at: datetime,
+    no_progress_limit_s: float,
+    own_allowance_since: datetime | None = None,
+) -> AttemptAllowance:
+    """R6.1: an attempt's limits. The budget is ``min(stage budget, time left to
+    the deadline)``; the no-progress clock runs from the run's latest business
+    progress, not from this attempt, so the attempt gets what is left of the
+    allowance. ``own_allowance_since``: the one finalization, entered because
+    progress stopped, gets its own allowance from its start (still capped by the
+    deadline). Never less than a millisecond, so the adapter cuts at once."""
+    full = timedelta(seconds=stage_budget_s)
+    budget = stage_budget(full, now, deadline_at)
+    since = max(last_progress_at, run_started_at)
+    if own_allowance_since is not None:
+        since = max(since, own_allowance_since)
+    idle = (now - since).total_seconds()
+    return AttemptAllowance(
+        budget_s=max(budget.total_seconds(), 0.001),
+        no_progress_s=max(no_progress_limit_s - idle, 0.001),
+        deadline_bound=budget < full,
+    )
 
 
 # --------------------------------------------------------------------------- naming
@@ -359,27 +362,6 @@ def name_timeout(
     return None
 
 
-def name_stage_timeout(
-    clocks: StageClocks,
-    limits: StageLimits,
-    *,
-    body_interrupted_after_headers: bool = False,
-) -> TimeoutVerdict | None:
-    """R6.2: :func:`name_timeout` with the facts read off a stage's clocks.
-
-    Each clock is compared with its own limit (reaching a limit counts as
-    exceeding it); wall time is never compared with anything, so time spent
-    queued can only ever produce ``queue_wait``.
-    """
-    return name_timeout(
-        deadline_passed=clocks.deadline_passed,
-        no_progress_exceeded=clocks.no_progress >= limits.no_progress,
-        stage_budget_exceeded=clocks.execution >= limits.stage_budget,
-        queue_wait_exceeded=clocks.queue >= limits.queue_wait,
-        body_interrupted_after_headers=body_interrupted_after_headers,
-    )
-
-
 # --------------------------------------------------------------------------- watchdog
 
 
@@ -400,10 +382,3 @@ def watchdog_breach(
     if now - run.last_progress_at >= no_progress_limit:
         return TimeoutVerdict(TimeoutName.NO_PROGRESS)
     return None
-
-
-def next_breach_at(run: RunClockFacts, *, no_progress_limit: timedelta) -> datetime:
-    """R6.1: the earliest instant the watchdog would report a breach if no
-    business progress happens before then — lets it schedule its next look."""
-    _require_positive("no_progress_limit", no_progress_limit)
-    return min(run.deadline_at, run.last_progress_at + no_progress_limit)

@@ -186,11 +186,6 @@ class History:
         return replace(self, items=self.items + tuple(accepted))
 
 
-def is_append_only(before: History, after: History) -> bool:
-    """R1.3: within a segment ``after`` must extend ``before`` unchanged."""
-    return after.items[: len(before.items)] == before.items
-
-
 def request_parts(
     system_prompt: str, history: History, new_input: Sequence[str]
 ) -> tuple[str, ...]:

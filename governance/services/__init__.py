@@ -26,7 +26,6 @@ from governance.services.refusals import (
     refusal_rows_view,
     remember_turn_refusal,
     reprobe_delays,
-    request_digest,
     segment_refusals,
     turn_memory,
 )
@@ -88,7 +87,6 @@ __all__ = [
     "remember_turn_refusal",
     "reprobe_delays",
     "request_cancel",
-    "request_digest",
     "run_facts",
     "run_goal",
     "segment_config_of",

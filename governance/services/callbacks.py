@@ -292,3 +292,23 @@ def record_result(claim: Claim, result: Result, now: datetime) -> str:
             id=claim.callback.id, state=RunCallback.State.SENDING, attempts=claim.attempt
         ).update(**fields)
     return fields["state"] if changed else ""
+
+
+DELIVER_TASK = "tasks.callbacks.deliver_callback"
+
+
+def publish(callback_id: int) -> None:
+    """Send the callback once the settling transaction commits (by task name:
+    governance never imports the execution layer). A lost send is found by
+    the beat sweep (``due_ids``)."""
+
+    def send() -> None:
+        from celery import current_app
+
+        task = current_app.tasks.get(DELIVER_TASK)
+        if task is not None:  # registered here: honours eager mode
+            task.delay(callback_id)
+        else:
+            current_app.send_task(DELIVER_TASK, args=[callback_id])
+
+    transaction.on_commit(send, robust=True)

@@ -25,9 +25,22 @@ def record_event(
     stage: Stage | None = None,
 ) -> RunEvent:
     """Append to the run's ordered event log (what the stream and timelines read)."""
-    return RunEvent.objects.create(
-        run=run, segment=segment, stage=stage, kind=kind, at=at, metadata=metadata
-    )
+    event = new_event(run, kind, at, metadata, segment=segment, stage=stage)
+    event.save()
+    return event
+
+
+def new_event(
+    run: Run,
+    kind: str,
+    at: datetime,
+    metadata: dict[str, Any],
+    *,
+    segment: Segment,
+    stage: Stage | None = None,
+) -> RunEvent:
+    """An event not yet written (a stage's close writes its events in one insert)."""
+    return RunEvent(run=run, segment=segment, stage=stage, kind=kind, at=at, metadata=metadata)
 
 
 def _fact_payload(fact: lc.OwnerFact) -> dict[str, Any]:
@@ -63,12 +76,10 @@ def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
     )
 
 
+def fact_event(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> RunEvent:
+    """An owner's fact as an event of the run's log (R4.1), not yet written."""
+    return new_event(run, "fact", now, _fact_payload(fact), segment=run.segment, stage=stage)
+
+
 def record_fact(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> None:
-    record_event(
-        run,
-        "fact",
-        now,
-        _fact_payload(fact),
-        segment=run.segment,
-        stage=stage,
-    )
+    fact_event(run, fact, now, stage).save()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +14,7 @@ from governance.models import (
     ProviderHealthState,
 )
 from governance.rules import health as health_rules
+from governance.rules.turns import HealthMove
 
 
 def provider_health(
@@ -105,3 +106,17 @@ def record_provider_result(
         if error:
             row.last_error = error[:2000]
         row.save()
+
+
+def apply_health_moves(
+    providers: Mapping[str, Provider],
+    moves: Sequence[HealthMove],
+    now: datetime,
+    *,
+    rng: random.Random,
+) -> None:
+    """R2.2: a turn's breaker moves, in order, inside the stage's closing transaction."""
+    for move in moves:
+        record_provider_result(
+            providers[move.provider_id], move.classification, now, error=move.error, rng=rng
+        )

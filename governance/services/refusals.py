@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,6 +13,7 @@ from governance.models import (
     Provider,
     ProviderAttempt,
     Run,
+    RunEvent,
     Segment,
     SegmentRefusal,
     Stage,
@@ -24,8 +23,9 @@ from governance.rules import health as health_rules
 from governance.rules.refusal import ProviderRefusal, card_entry, refusal_verdict
 from governance.rules.refusal import refused_at_datetime as refusal_datetime
 from governance.rules.routing import TurnOutcome
+from governance.rules.turns import TurnCall
 from governance.services.alerts import emit_notice
-from governance.services.events import record_event
+from governance.services.events import new_event
 
 
 def reprobe_delays() -> tuple[timedelta, ...]:
@@ -56,6 +56,7 @@ def record_turn(
     outcome: TurnOutcome,
     attempts: Sequence[dict[str, Any]],
     now: datetime,
+    events: list[RunEvent] | None = None,
 ) -> list[Notification]:
     """Store one model turn's facts (R3.3, R3.5, R3.6). Call inside the stage's
     closing transaction: the refusal state, its card and the notices move together.
@@ -80,20 +81,41 @@ def record_turn(
     if outcome.cleared:
         SegmentRefusal.objects.filter(segment=segment, provider_id__in=outcome.cleared).delete()
     if outcome.fallback_card is not None:
-        record_event(
-            run,
-            "llm-fallback",
-            now,
-            outcome.fallback_card,
-            segment=segment,
-            stage=stage,
+        card = new_event(
+            run, "llm-fallback", now, outcome.fallback_card, segment=segment, stage=stage
         )
+        if events is None:
+            card.save()
+        else:
+            events.append(card)
     created = []
     for notice in outcome.notices:
         notification, is_new = emit_notice(notice, segment)
         if is_new:
             created.append(notification)
     return created
+
+
+def attempt_rows(calls: Sequence[TurnCall], providers: dict[str, Provider]) -> list[dict[str, Any]]:
+    """One model turn's requests as ProviderAttempt fields."""
+    return [
+        {
+            "provider": providers[call.provider_id],
+            "model": call.model,
+            "kind": call.kind,
+            "request_digest": call.digest,
+            "started_at": call.started_at,
+            "latency_ms": call.latency_ms,
+            "result": call.result,
+            "failure_class": call.classification.failure_class or "",
+            "refusal_category": call.classification.refusal_category or "",
+            "status_code": call.status_code,
+            "finish_reason": call.finish_reason,
+            "usage": dict(call.usage),
+            "error": call.error,
+        }
+        for call in calls
+    ]
 
 
 def remember_turn_refusal(provider: Provider, request_digest: str, now: datetime) -> None:
@@ -113,11 +135,6 @@ def turn_memory(provider_ids: Sequence[str], now: datetime) -> health_rules.Turn
             memory, row.provider.provider_id, row.request_digest, row.refused_at
         )
     return memory
-
-
-def request_digest(parts: Sequence[dict[str, Any]], provider_id: str) -> str:
-    payload = json.dumps([provider_id, list(parts)], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +21,7 @@ from governance.models import (
 from governance.rules import lifecycle as lc
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
-from governance.services.events import _fact_from, record_event, record_fact
+from governance.services.events import _fact_from, new_event, record_event, record_fact
 from governance.services.threads import open_segment
 
 
@@ -71,9 +72,18 @@ def submit_run(
         else []
     )
 
+    run_id = uuid.uuid4()
+    if previous_run is not None:
+        # R6.4: continuing after settlement is a new run, linked and admitted on its own.
+        try:
+            lc.successor_run(run_facts(previous_run), str(run_id), "continues a settled run")
+        except lc.LifecycleError as exc:
+            raise ServiceError("previous_run", str(exc)) from None
+
     def admit_new() -> tuple[Run, Stage, bool]:
         segment = open_segment(thread)
         run = Run.objects.create(
+            id=run_id,
             thread=thread,
             segment=segment,
             input=input,
@@ -221,10 +231,24 @@ def run_facts(run: Run, recovery: lc.RecoveryConditions | None = None) -> lc.Run
     )
 
 
-def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
-    entry = {"at": now.isoformat(), "path": decision.path.value, "reason": decision.reason}
+def decision_entry(
+    decision: lc.Decision, now: datetime, *, facts_before: int | None = None
+) -> dict[str, Any]:
+    """The lifecycle's decision as the run keeps it (the run page's path)."""
+    entry: dict[str, Any] = {
+        "at": now.isoformat(),
+        "path": decision.path.value,
+        "reason": decision.reason,
+    }
     if decision.boundary_action_needed:
         entry["boundary_action_needed"] = decision.boundary_action_needed
+    if facts_before is not None:
+        entry["facts_before"] = facts_before
+    return entry
+
+
+def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
+    entry = decision_entry(decision, now)
     Run.objects.filter(id=run.id).update(decisions=[*run.decisions, entry])
     run.decisions = [*run.decisions, entry]
     record_event(
@@ -272,6 +296,45 @@ def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settleme
         segment=run.segment,
     )
     return row, True
+
+
+def settlement_row(
+    run: Run, settlement: lc.Settlement, now: datetime, events: list
+) -> tuple[Settlement, bool]:
+    """R6.5 inside a stage's closing transaction (the run row is locked): the
+    settlement is written once; its event joins ``events``."""
+    existing = Settlement.objects.filter(run=run).first()
+    if existing is not None:
+        return existing, False
+    row = Settlement.objects.create(
+        run=run,
+        outcome=settlement.outcome.value,
+        reason_code=settlement.reason_code.value,
+        reason=settlement.reason,
+        unknown_effects=list(settlement.unknown_effects),
+        settled_at=now,
+    )
+    run.status, run.phase = Run.Status.SETTLED, "settled"
+    events.append(
+        new_event(
+            run,
+            "settlement",
+            now,
+            {
+                "outcome": row.outcome,
+                "reason_code": row.reason_code,
+                "reason": row.reason,
+                "unknown_effects": row.unknown_effects,
+            },
+            segment=run.segment,
+        )
+    )
+    return row, True
+
+
+def cancel_requested(run: Run) -> bool:
+    """Whether the user asked to stop the run (R7.1: only an explicit stop cancels)."""
+    return Run.objects.filter(id=run.id, cancel_requested_at__isnull=False).exists()
 
 
 def request_cancel(run: Run, *, by: str, now: datetime) -> bool:

@@ -19,8 +19,9 @@ from django.db import transaction
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Settlement
 from governance.rules import connection as conn
 from governance.rules import publication as pub
+from governance.rules.turns import ChunkCommit
 from governance.services.errors import ServiceError
-from governance.services.events import record_event
+from governance.services.events import new_event
 
 
 def run_connection(run: Run, viewer_state: str = "running") -> conn.RunConnection:
@@ -108,18 +109,18 @@ def events_after(run_id: Any, after_id: int, limit: int = 500) -> list[tuple[int
 
 
 def mark_chunks_sent(run_id: Any, chunk_nos: list[int], *, now: datetime) -> int:
-    """R7.2: these chunks were written to a subscriber's transport. Only committed
-    chunks, and only the first time (a conditional update: a second stream of the
-    same run or a replay does not move ``sent_at``). Returns how many were new."""
+    """R7.2: these chunks were written to a subscriber's transport. The rule says
+    which become *sent* (committed ones, the first time); the conditional update
+    keeps a second stream of the same run from moving ``sent_at``. Returns how
+    many were new."""
     if not chunk_nos:
         return 0
-    return BodyChunk.objects.filter(
-        run_id=run_id,
-        chunk_no__in=chunk_nos,
-        version__isnull=False,
-        committed_at__isnull=False,
-        sent_at__isnull=True,
-    ).update(sent_at=now)
+    fresh = pub.newly_sent(_publication(run_id), chunk_nos)
+    if not fresh:
+        return 0
+    return BodyChunk.objects.filter(run_id=run_id, chunk_no__in=fresh, sent_at__isnull=True).update(
+        sent_at=now
+    )
 
 
 def _publication(run_id: Any) -> pub.Publication:
@@ -192,33 +193,46 @@ def record_ack(run: Run, through: Any, *, now: datetime) -> AckResult:
 
 
 def commit_chunks(run: Run, texts: Sequence[str], now: datetime) -> list[BodyChunk]:
-    """R7.2: each chunk generated then committed with a version."""
-    last = run.chunks.order_by("-chunk_no").values_list("chunk_no", flat=True).first() or 0
-    rows = []
-    for offset, text in enumerate(texts, start=1):
-        rows.append(
-            BodyChunk(
-                run=run,
-                chunk_no=last + offset,
-                version=last + offset,
-                text=text,
-                final=offset == len(texts),
-                generated_at=now,
-                committed_at=now,
-            )
+    """R7.2: each chunk generated then committed with a version (the rule numbers them)."""
+    committed = run.chunks.order_by("chunk_no").values_list("chunk_no", "version")
+    publication = pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in committed))
+    body, ids = pub.commit_body(publication, len(texts))
+    commits = [
+        ChunkCommit(i, body.chunk(i).committed_version or i, text, i == ids[-1])
+        for i, text in zip(ids, texts, strict=True)
+    ]
+    return write_chunks(run, commits, now, None)
+
+
+def write_chunks(
+    run: Run, commits: Sequence[ChunkCommit], now: datetime, events: list[RunEvent] | None
+) -> list[BodyChunk]:
+    """Write committed chunks and their stream events (appended to ``events``
+    when the caller writes its events in one insert)."""
+    created = BodyChunk.objects.bulk_create(
+        BodyChunk(
+            run=run,
+            chunk_no=c.chunk_no,
+            version=c.version,
+            text=c.text,
+            final=c.final,
+            generated_at=now,
+            committed_at=now,
         )
-    created = BodyChunk.objects.bulk_create(rows)
-    for chunk in created:
-        record_event(
+        for c in commits
+    )
+    chunk_events = [
+        new_event(
             run,
             "chunk",
             now,
-            {
-                "chunk_no": chunk.chunk_no,
-                "version": chunk.version,
-                "text": chunk.text,
-                "final": chunk.final,
-            },
+            {"chunk_no": c.chunk_no, "version": c.version, "text": c.text, "final": c.final},
             segment=run.segment,
         )
+        for c in commits
+    ]
+    if events is None:
+        RunEvent.objects.bulk_create(chunk_events)
+    else:
+        events.extend(chunk_events)
     return created

@@ -207,18 +207,29 @@ def apply_boundary(
             raise ServiceError("kind", str(exc)) from None
         if transition.new_session:
             history = list(current.session.history.all())
+            summary = _summary_of(history) if history else ""
+            # R1.2/R1.3: what the next session starts with — kept, summarized or dropped.
+            kept = (
+                segment_rules.history_after_boundary(
+                    segment_rules.History(tuple(item.content for item in history)),
+                    transition,
+                    summary or None,
+                )
+                if history or transition.history != "summarize"
+                else segment_rules.History()
+            )
             session = ThreadSession.objects.create(
                 id=transition.opened.session_id,
                 thread=thread,
                 generation=generation + 1,
                 opened_by=kind.value,
-                summary=_summary_of(history) if transition.history == "summarize" else "",
+                summary=summary if transition.history == "summarize" else "",
                 created_at=now,
             )
-            if transition.history == "summarize" and history:
-                HistoryItem.objects.create(
-                    session=session, seq=1, role="user", content=session.summary, accepted_at=now
-                )
+            HistoryItem.objects.bulk_create(
+                HistoryItem(session=session, seq=seq, role="user", content=text, accepted_at=now)
+                for seq, text in enumerate(kept.items, start=1)
+            )
         else:
             session = current.session
         Segment.objects.filter(pk=current.pk).update(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import httpx
 
-from tasks.adapters._common import INVALID_ARGUMENTS_KEY, PROGRESS_KINDS
+from tasks.adapters._common import INVALID_ARGUMENTS_KEY
 from tasks.adapters.anthropic import call_anthropic
 from tasks.adapters.base import (
     CallLimits,
@@ -49,7 +49,6 @@ from tasks.adapters.scripted import (
 __all__ = [
     "DEFAULT_SCRIPT_STATE",
     "INVALID_ARGUMENTS_KEY",
-    "PROGRESS_KINDS",
     "AdjustableClock",
     "InMemoryScriptState",
     "ScriptState",

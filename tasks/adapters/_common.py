@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from governance.rules.health import AttemptEvidence
+from governance.rules.run_clocks import name_timeout, stream_event_is_progress
 from tasks.adapters.base import (
     CallLimits,
     Clock,
@@ -32,7 +33,6 @@ from tasks.adapters.base import (
 
 # R6.1: only what the run can use counts as business progress. Headers,
 # heartbeats, usage and reasoning fragments prove the pipe is alive, nothing more.
-PROGRESS_KINDS: frozenset[str] = frozenset({"text", "tool_call"})
 
 # A tool call whose streamed arguments are not a JSON object keeps the raw text
 # under this key, so the runner can refuse to execute it instead of guessing.
@@ -65,12 +65,27 @@ def check_limits(limits: CallLimits) -> None:
         raise ValueError(f"limits.no_progress_s must be > 0, got {limits.no_progress_s!r}")
 
 
+def _cut_name(
+    *, deadline_passed: bool, no_progress_exceeded: bool, stage_budget_exceeded: bool
+) -> TimeoutName | None:
+    # Inside one attempt the queue clock is over and an interruption is not a
+    # cut by a clock, so those two facts are always False here.
+    verdict = name_timeout(
+        deadline_passed=deadline_passed,
+        no_progress_exceeded=no_progress_exceeded,
+        stage_budget_exceeded=stage_budget_exceeded,
+        queue_wait_exceeded=False,
+        body_interrupted_after_headers=False,
+    )
+    return None if verdict is None else verdict.name.value  # type: ignore[return-value]
+
+
 class StreamRecorder:
     """Stamps every stream event with the injected clock and watches the limits.
 
     The no-progress clock of one attempt starts when the attempt starts (the
     runner passes the allowance that is left) and is reset only by
-    ``PROGRESS_KINDS`` events (R6.1).
+    business-progress events (R6.1, ``run_clocks.stream_event_is_progress``).
     """
 
     def __init__(self, clock: Clock, limits: CallLimits, on_event: OnEvent | None) -> None:
@@ -93,7 +108,7 @@ class StreamRecorder:
     def emit(self, kind: StreamEventKind, text: str = "") -> StreamEvent:
         event = StreamEvent(kind=kind, at=self.now(), text=text)
         self.events.append(event)
-        if kind in PROGRESS_KINDS:
+        if stream_event_is_progress(kind):
             self.last_progress = event.at
         if self.on_event is not None:
             self.on_event(event)
@@ -106,22 +121,24 @@ class StreamRecorder:
         return self.limits.no_progress_s - (self.now() - self.last_progress).total_seconds()
 
     def limit_hit(self) -> TimeoutName | None:
-        """The clock that ran out, named with the R6.2 precedence, or None.
-
-        deadline_exceeded > no_progress > stage_timeout (as
-        ``governance.rules.run_clocks.name_timeout``); reaching a limit counts.
-        """
+        """The clock that ran out, or None: named by R6.2's one rule
+        (``governance.rules.run_clocks.name_timeout``); reaching a limit counts."""
         budget_out = self.budget_left_s() <= 0
-        if budget_out and self.limits.deadline_bound:
-            return "deadline_exceeded"
-        if self.no_progress_left_s() <= 0:
-            return "no_progress"
-        if budget_out:
-            return "stage_timeout"
-        return None
+        return _cut_name(
+            deadline_passed=budget_out and self.limits.deadline_bound,
+            no_progress_exceeded=self.no_progress_left_s() <= 0,
+            stage_budget_exceeded=budget_out,
+        )
 
     def budget_name(self) -> TimeoutName:
-        return "deadline_exceeded" if self.limits.deadline_bound else "stage_timeout"
+        """The name of a cut by the stage's time budget (itself capped by the deadline)."""
+        name = _cut_name(
+            deadline_passed=self.limits.deadline_bound,
+            no_progress_exceeded=False,
+            stage_budget_exceeded=True,
+        )
+        assert name is not None  # a budget that ran out is always named
+        return name
 
     def elapsed_ms(self) -> int:
         return max(0, int((self.now() - self.start).total_seconds() * 1000))

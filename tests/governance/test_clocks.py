@@ -14,17 +14,12 @@ from governance.rules.run_clocks import (
     RunClockFacts,
     RunEventKind,
     StageClocks,
-    StageLimits,
     TimeoutName,
     TimeoutVerdict,
     is_business_progress,
-    latest_progress_at,
-    name_stage_timeout,
     name_timeout,
-    next_breach_at,
     stage_budget,
     stage_clocks,
-    stage_deadline_at,
     watchdog_breach,
 )
 
@@ -101,61 +96,8 @@ def test_r6_1_unknown_event_kind_is_rejected():
         is_business_progress("keepalive")
 
 
-def test_r6_1_latest_progress_defaults_to_run_start():
-    """R6.1: with no business progress the no-progress clock starts at run start."""
-    events = [(RunEventKind.TRANSPORT_HEARTBEAT, T0 + MIN), ("usage", T0 + 2 * MIN)]
-    assert latest_progress_at(events, T0) == T0
-    assert latest_progress_at([], T0) == T0
-
-
-def test_r6_1_latest_progress_is_latest_business_event_in_any_order():
-    """R6.1: the latest business event wins, whatever the input order."""
-    events = [
-        (RunEventKind.TOOL_RECEIPT, T0 + 5 * MIN),
-        (RunEventKind.REASONING_FRAGMENT, T0 + 9 * MIN),
-        (RunEventKind.MODEL_OUTPUT_ACCEPTED, T0 + 2 * MIN),
-        ("body_chunk_committed", T0 + 7 * MIN),
-        (RunEventKind.TRANSPORT_HEARTBEAT, T0 + 8 * MIN),
-    ]
-    assert latest_progress_at(events, T0) == T0 + 7 * MIN
-
-
-def test_r6_1_latest_progress_rejects_event_before_run_start():
-    """R6.1: an event before the run started is out of order."""
-    with pytest.raises(ValueError, match="out-of-order"):
-        latest_progress_at([(RunEventKind.TOOL_RECEIPT, T0 - S)], T0)
-
-
-def test_r6_1_latest_progress_rejects_naive_times_and_unknown_kinds():
-    """R6.1: naive datetimes and unknown kinds are bad input."""
-    with pytest.raises(ValueError, match="timezone-aware"):
-        latest_progress_at([(RunEventKind.TOOL_RECEIPT, datetime(2026, 10, 19, 10))], T0)
-    with pytest.raises(ValueError, match="timezone-aware"):
-        latest_progress_at([], datetime(2026, 10, 19, 9))
-    with pytest.raises(ValueError, match="unknown run event kind"):
-        latest_progress_at([("ping", T0 + S)], T0)
-
-
 aware_offsets = st.integers(min_value=0, max_value=10_000_000)
 event_lists = st.lists(st.tuples(st.sampled_from(list(RunEventKind)), aware_offsets), max_size=20)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    base=event_lists,
-    noise=st.lists(st.tuples(st.sampled_from(NON_PROGRESS), aware_offsets), max_size=20),
-    insert_at=st.randoms(use_true_random=False),
-)
-def test_r6_1_property_non_progress_events_never_move_latest_progress(base, noise, insert_at):
-    """R6.1: adding heartbeats/usage/reasoning anywhere never changes latest_progress_at."""
-    events = [(kind, T0 + ms * timedelta(milliseconds=1)) for kind, ms in base]
-    extra = [(kind, T0 + ms * timedelta(milliseconds=1)) for kind, ms in noise]
-    mixed = list(events)
-    for item in extra:
-        mixed.insert(insert_at.randint(0, len(mixed)), item)
-    assert latest_progress_at(mixed, T0) == latest_progress_at(events, T0)
-    business = [at for kind, at in events if kind in BUSINESS_PROGRESS_KINDS]
-    assert latest_progress_at(events, T0) == max([T0, *business])
 
 
 # --------------------------------------------------------------------------- four clocks
@@ -331,22 +273,11 @@ def test_r6_1_stage_budget_is_zero_past_the_deadline():
     assert stage_budget(5 * MIN, T0 + HOUR, T0 + HOUR) == timedelta(0)
 
 
-def test_r6_1_stage_deadline_at_never_after_run_deadline():
-    """R6.1: a stage's deadline is min(start + budget, run deadline)."""
-    assert stage_deadline_at(5 * MIN, T0, T0 + HOUR) == T0 + 5 * MIN
-    assert stage_deadline_at(5 * MIN, T0 + HOUR - MIN, T0 + HOUR) == T0 + HOUR
-    late = stage_deadline_at(5 * MIN, T0 + 2 * HOUR, T0 + HOUR)
-    assert late == T0 + HOUR
-    assert late <= T0 + 2 * HOUR  # already expired when the stage starts
-
-
 @pytest.mark.parametrize("budget", [timedelta(0), -S])
 def test_r6_1_stage_budget_must_be_positive(budget):
     """R6.1: a zero or negative stage budget is bad input."""
     with pytest.raises(ValueError, match="positive"):
         stage_budget(budget, T0, T0 + HOUR)
-    with pytest.raises(ValueError, match="positive"):
-        stage_deadline_at(budget, T0, T0 + HOUR)
 
 
 def test_r6_1_stage_budget_rejects_naive_times():
@@ -354,7 +285,7 @@ def test_r6_1_stage_budget_rejects_naive_times():
     with pytest.raises(ValueError, match="timezone-aware"):
         stage_budget(MIN, T0.replace(tzinfo=None), T0 + HOUR)
     with pytest.raises(ValueError, match="timezone-aware"):
-        stage_deadline_at(MIN, T0, (T0 + HOUR).replace(tzinfo=None))
+        stage_budget(MIN, T0, (T0 + HOUR).replace(tzinfo=None))
 
 
 @settings(max_examples=200, deadline=None)
@@ -371,7 +302,6 @@ def test_r6_1_property_stage_budget_within_time_left(budget_ms, now_ms, deadline
     assert timedelta(0) <= got <= budget_ms * ms
     assert got <= max(timedelta(0), deadline - now)
     assert now + got <= max(now, deadline)
-    assert stage_deadline_at(budget_ms * ms, now, deadline) <= deadline
 
 
 # --------------------------------------------------------------------------- timeout names
@@ -446,98 +376,6 @@ def test_r6_2_name_timeout_rejects_non_bool_facts():
         name_timeout(**facts(deadline_passed="yes"))
 
 
-def test_r6_2_seed_example_long_queue_is_queue_wait_not_stage_timeout():
-    """R6.2: 347 s queued + 13 s executing (360 s wall) is queue_wait, not stage_timeout."""
-    clocks = stage_clocks(
-        enqueued_at=T0,
-        started_at=T0 + 347 * S,
-        finished_at=T0 + 360 * S,
-        last_progress_at=T0 + 360 * S,
-        run_started_at=T0,
-        deadline_at=T0 + HOUR,
-        now=T0 + 361 * S,
-    )
-    assert clocks.wall == 360 * S
-    limits = StageLimits(queue_wait=120 * S, stage_budget=300 * S, no_progress=600 * S)
-    # The wall time is over the stage budget; the execution clock is not.
-    assert clocks.wall > limits.stage_budget
-    verdict = name_stage_timeout(clocks, limits)
-    assert verdict == TimeoutVerdict(TimeoutName.QUEUE_WAIT)
-
-
-def test_r6_2_clocks_within_limits_name_nothing():
-    """R6.2: a stage whose every clock is within its limit has no timeout."""
-    limits = StageLimits(queue_wait=MIN, stage_budget=MIN, no_progress=MIN)
-    assert name_stage_timeout(clocks_at(), limits) is None
-
-
-def test_r6_2_execution_over_budget_is_stage_timeout():
-    """R6.2: the execution clock reaching its budget is stage_timeout."""
-    limits = StageLimits(queue_wait=MIN, stage_budget=20 * S, no_progress=HOUR)
-    assert name_stage_timeout(clocks_at(), limits).name is TimeoutName.STAGE_TIMEOUT
-    # exactly at the budget counts as reached
-    assert name_stage_timeout(clocks_at(now=T0 + 30 * S), limits).name is (
-        TimeoutName.STAGE_TIMEOUT
-    )
-    relaxed = StageLimits(queue_wait=MIN, stage_budget=21 * S, no_progress=HOUR)
-    assert name_stage_timeout(clocks_at(), relaxed) is None
-
-
-def test_r6_2_reasoning_only_stage_is_no_progress():
-    """R6.2: a stage streaming reasoning without business progress is named no_progress."""
-    events = [(RunEventKind.REASONING_FRAGMENT, T0 + n * S) for n in range(1, 300)]
-    last = latest_progress_at(events, T0)
-    clocks = clocks_at(last_progress_at=last, now=T0 + 300 * S)
-    limits = StageLimits(queue_wait=MIN, stage_budget=10 * MIN, no_progress=2 * MIN)
-    assert name_stage_timeout(clocks, limits).name is TimeoutName.NO_PROGRESS
-
-
-def test_r6_2_clock_derived_interruption_and_deadline():
-    """R6.2: a broken body within all limits is interrupted; past the deadline it is not."""
-    limits = StageLimits(queue_wait=MIN, stage_budget=MIN, no_progress=MIN)
-    verdict = name_stage_timeout(clocks_at(), limits, body_interrupted_after_headers=True)
-    assert verdict == TimeoutVerdict(TimeoutName.INTERRUPTED, effect="unknown")
-    late = clocks_at(last_progress_at=T0 + HOUR, now=T0 + HOUR + S)
-    assert name_stage_timeout(late, limits, body_interrupted_after_headers=True).name is (
-        TimeoutName.DEADLINE_EXCEEDED
-    )
-
-
-@pytest.mark.parametrize("field", ["queue_wait", "stage_budget", "no_progress"])
-def test_r6_2_stage_limits_must_be_positive(field):
-    """R6.2: every limit is a positive duration."""
-    values = {"queue_wait": MIN, "stage_budget": MIN, "no_progress": MIN, field: timedelta(0)}
-    with pytest.raises(ValueError, match=field):
-        StageLimits(**values)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    queue_s=st.integers(min_value=0, max_value=10_000),
-    exec_s=st.integers(min_value=0, max_value=10_000),
-    queue_limit_s=st.integers(min_value=1, max_value=10_000),
-    budget_s=st.integers(min_value=1, max_value=10_000),
-    interrupted=st.booleans(),
-)
-def test_r6_2_property_queue_time_never_makes_a_stage_timeout(
-    queue_s, exec_s, queue_limit_s, budget_s, interrupted
-):
-    """R6.2: stage_timeout depends on the execution clock only, never on queue time."""
-    clocks = clocks_at(
-        enqueued_at=T0,
-        started_at=T0 + queue_s * S,
-        last_progress_at=T0 + (queue_s + exec_s) * S,
-        deadline_at=T0 + 10 * HOUR,
-        now=T0 + (queue_s + exec_s) * S,
-    )
-    limits = StageLimits(queue_wait=queue_limit_s * S, stage_budget=budget_s * S, no_progress=HOUR)
-    verdict = name_stage_timeout(clocks, limits, body_interrupted_after_headers=interrupted)
-    name = verdict.name if verdict else None
-    assert (name is TimeoutName.STAGE_TIMEOUT) == (exec_s >= budget_s)
-    if exec_s < budget_s and not interrupted:
-        assert name is (TimeoutName.QUEUE_WAIT if queue_s >= queue_limit_s else None)
-
-
 @settings(max_examples=200, deadline=None)
 @given(flags=st.lists(st.booleans(), min_size=5, max_size=5))
 def test_r6_2_property_deadline_always_first_and_interrupted_only_without_clock_evidence(flags):
@@ -592,16 +430,6 @@ def test_r6_1_watchdog_reports_deadline_before_no_progress():
     assert verdict == TimeoutVerdict(TimeoutName.DEADLINE_EXCEEDED)
 
 
-def test_r6_1_watchdog_next_breach_at():
-    """R6.1: the next instant to look is the earlier of stall limit and deadline."""
-    assert next_breach_at(run_facts(8), no_progress_limit=5 * MIN) == T0 + 13 * MIN
-    assert next_breach_at(run_facts(58), no_progress_limit=5 * MIN) == T0 + HOUR
-    run = run_facts(8)
-    at = next_breach_at(run, no_progress_limit=5 * MIN)
-    assert watchdog_breach(at, run, no_progress_limit=5 * MIN) is not None
-    assert watchdog_breach(at - S, run, no_progress_limit=5 * MIN) is None
-
-
 def test_r6_1_watchdog_bad_input():
     """R6.1: out-of-order run facts, naive now, non-positive limit raise ValueError."""
     with pytest.raises(ValueError, match="last_progress_at"):
@@ -616,8 +444,6 @@ def test_r6_1_watchdog_bad_input():
         watchdog_breach(T0.replace(tzinfo=None), run_facts(0), no_progress_limit=5 * MIN)
     with pytest.raises(ValueError, match="positive"):
         watchdog_breach(T0 + MIN, run_facts(0), no_progress_limit=timedelta(0))
-    with pytest.raises(ValueError, match="positive"):
-        next_breach_at(run_facts(0), no_progress_limit=-S)
 
 
 @settings(max_examples=200, deadline=None)
@@ -639,4 +465,24 @@ def test_r6_1_property_watchdog_matches_clocks(progress_s, elapsed_s, limit_s):
         assert verdict.name is TimeoutName.NO_PROGRESS
     else:
         assert verdict is None
-    assert (verdict is None) == (now < next_breach_at(run, no_progress_limit=limit_s * S))
+
+
+@pytest.mark.parametrize(
+    ("kind", "progress"),
+    [
+        ("text", True),
+        ("tool_call", True),
+        ("heartbeat", False),
+        ("headers", False),
+        ("usage", False),
+        ("reasoning", False),
+        ("finish", False),
+        ("keepalive", False),
+    ],
+)
+def test_r6_1_stream_events_are_progress_only_when_business_progress(kind, progress):
+    """R6.1: a stream's text and tool-call deltas move the no-progress clock;
+    pings, headers, usage and reasoning only show the pipe is alive."""
+    from governance.rules.run_clocks import stream_event_is_progress
+
+    assert stream_event_is_progress(kind) is progress

@@ -19,13 +19,11 @@ from governance.rules.health import (
     ProviderHealth,
     TurnRefusal,
     TurnRefusalMemory,
-    admit_probe,
     breaker_cooldown,
     classify_attempt,
     effective_breaker_state,
     health_verdict,
     parse_retry_after,
-    prune_turn_refusals,
     record_failure,
     record_success,
     remember_turn_refusal,
@@ -676,31 +674,6 @@ def test_r2_2_retry_after_is_ignored_for_server_error() -> None:
 # R2.2: one half-open probe
 
 
-def test_r2_2_admitted_probe_holds_the_slot_until_its_lease_ends() -> None:
-    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
-    probe_time = health.open_until
-    probing = admit_probe(health, probe_time, NO_JITTER)
-    verdict = health_verdict(probing, probe_time)
-    assert (probing.breaker, verdict.available, verdict.state) == ("half_open", False, "half_open")
-    assert verdict.retry_at == probe_time + NO_JITTER.probe_lease
-    with pytest.raises(ValueError, match="no half-open probe is due"):
-        admit_probe(probing, probe_time, NO_JITTER)
-    # A probe that never reports does not lock the provider out.
-    assert health_verdict(probing, probe_time + NO_JITTER.probe_lease).available
-    # The probe's outcome resolves the half-open state.
-    assert record_success(probing, probe_time).breaker == "closed"
-    reopened = fail(probing, "timeout", probe_time)
-    assert (reopened.breaker, reopened.trips, reopened.probe_lease_until) == ("open", 2, None)
-
-
-def test_r2_2_no_probe_is_admitted_when_closed_or_open() -> None:
-    with pytest.raises(ValueError, match="closed"):
-        admit_probe(ProviderHealth("p"), T0, NO_JITTER)
-    health = fail_times(ProviderHealth("p"), "server_error", 3, T0)
-    with pytest.raises(ValueError, match="open"):
-        admit_probe(health, T0, NO_JITTER)
-
-
 def test_r2_2_verdict_reason_for_closed_counts_failures() -> None:
     assert health_verdict(ProviderHealth("p"), T0).reason == "breaker closed"
     health = fail(ProviderHealth("p"), "timeout", T0)
@@ -882,34 +855,6 @@ def test_r2_3_turn_memory_equality_does_not_depend_on_insertion_order() -> None:
     assert a == b
 
 
-def test_r2_3_prune_drops_only_expired_entries() -> None:
-    memory = remember_turn_refusal(TurnRefusalMemory(), "old", "d", T0)
-    memory = remember_turn_refusal(memory, "new", "d", T0 + timedelta(hours=3))
-    pruned = prune_turn_refusals(memory, T0 + REFUSAL_SCOPE_TTL)
-    assert pruned.refused_at("old", "d") is None
-    assert pruned.refused_at("new", "d") == T0 + timedelta(hours=3)
-    assert len(pruned) == 1
-    assert len(memory) == 2  # the original is untouched
-
-
-def test_r2_3_turn_memory_rejects_bad_input() -> None:
-    memory = TurnRefusalMemory()
-    with pytest.raises(ValueError, match="provider_id"):
-        remember_turn_refusal(memory, "", "d", T0)
-    with pytest.raises(ValueError, match="request_digest"):
-        turn_recently_refused(memory, "p", "", T0)
-    with pytest.raises(ValueError, match="ttl"):
-        turn_recently_refused(memory, "p", "d", T0, timedelta(0))
-    with pytest.raises(ValueError, match="ttl"):
-        prune_turn_refusals(memory, T0, timedelta(seconds=-1))
-    with pytest.raises(ValueError, match="timezone-aware"):
-        remember_turn_refusal(memory, "p", "d", datetime(2025, 1, 1))
-    with pytest.raises(ValueError, match="one entry per"):
-        TurnRefusalMemory((TurnRefusal("p", "d", T0), TurnRefusal("p", "d", T0)))
-    with pytest.raises(ValueError, match="tuple of TurnRefusal"):
-        TurnRefusalMemory([("p", "d", T0)])  # type: ignore[arg-type]
-
-
 # ---------------------------------------------------------------------------
 # Hypothesis properties (R2.2, R2.3)
 
@@ -1078,6 +1023,30 @@ def test_r2_2_property_verdict_is_consistent(
     assert verdict.reason
 
 
+def test_r2_1_unexpected_redirect_is_a_bad_request_not_a_success():
+    """An adapter never follows redirects; a 3xx answer is a configuration fault."""
+    evidence = AttemptEvidence(adapter="openai", status_code=302, headers_received=True)
+    result = classify_attempt(evidence, datetime(2026, 1, 1, tzinfo=UTC))
+    assert result.failure_class == "bad_request"
+
+
+def test_r2_3_turn_memory_rejects_bad_input() -> None:
+    """R2.3: the turn memory refuses malformed keys, TTLs and times."""
+    memory = TurnRefusalMemory()
+    with pytest.raises(ValueError, match="provider_id"):
+        remember_turn_refusal(memory, "", "d", T0)
+    with pytest.raises(ValueError, match="request_digest"):
+        turn_recently_refused(memory, "p", "", T0)
+    with pytest.raises(ValueError, match="ttl"):
+        turn_recently_refused(memory, "p", "d", T0, timedelta(0))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        remember_turn_refusal(memory, "p", "d", datetime(2025, 1, 1))
+    with pytest.raises(ValueError, match="one entry per"):
+        TurnRefusalMemory((TurnRefusal("p", "d", T0), TurnRefusal("p", "d", T0)))
+    with pytest.raises(ValueError, match="tuple of TurnRefusal"):
+        TurnRefusalMemory([("p", "d", T0)])  # type: ignore[arg-type]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     refusals=st.lists(
@@ -1088,6 +1057,7 @@ def test_r2_2_property_verdict_is_consistent(
 def test_r2_3_property_recently_refused_iff_latest_refusal_within_ttl(
     refusals: list[tuple[str, int]], probe: int
 ) -> None:
+    """R2.3: a turn is recently refused iff its latest refusal is within the TTL."""
     memory = TurnRefusalMemory()
     for provider, offset in refusals:
         memory = remember_turn_refusal(memory, provider, "digest", T0 + timedelta(seconds=offset))
@@ -1096,13 +1066,3 @@ def test_r2_3_property_recently_refused_iff_latest_refusal_within_ttl(
         offsets = [offset for p, offset in refusals if p == provider]
         expected = bool(offsets) and probe - max(offsets) < REFUSAL_SCOPE_TTL.total_seconds()
         assert turn_recently_refused(memory, provider, "digest", now) == expected
-        assert (prune_turn_refusals(memory, now).refused_at(provider, "digest") is not None) == (
-            expected
-        )
-
-
-def test_r2_1_unexpected_redirect_is_a_bad_request_not_a_success():
-    """An adapter never follows redirects; a 3xx answer is a configuration fault."""
-    evidence = AttemptEvidence(adapter="openai", status_code=302, headers_received=True)
-    result = classify_attempt(evidence, datetime(2026, 1, 1, tzinfo=UTC))
-    assert result.failure_class == "bad_request"

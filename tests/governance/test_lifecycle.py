@@ -37,13 +37,11 @@ from governance.rules.lifecycle import (
     Settlement,
     SettlementConflictError,
     Stage,
-    StopHookAdvice,
     allowed_stages,
     answer_settlement,
     apply_decision,
     check_authority,
     classify_turn,
-    completion_decision,
     dispatch_allowed,
     effect_state_after,
     next_path,
@@ -407,32 +405,6 @@ def test_r4_3_dispatch_check_rejects_bad_input(kwargs: dict) -> None:
     full = {"cancel_requested": False, "permitted": True, "budget_admitted": True, **kwargs}
     with pytest.raises(LifecycleError):
         dispatch_allowed(**full)
-
-
-@pytest.mark.parametrize("advice", [StopHookAdvice.CONTINUE, StopHookAdvice.BLOCK, "block"])
-def test_r4_3_stop_hook_cannot_veto_a_legal_completion(advice: StopHookAdvice | str) -> None:
-    verdict = completion_decision(True, advice)
-    assert verdict.complete is True
-    assert "advice" in verdict.advice_note
-
-
-def test_r4_3_stop_hook_cannot_force_completion_or_an_extra_request() -> None:
-    verdict = completion_decision(False, StopHookAdvice.STOP)
-    assert verdict.complete is False
-    assert "run lifecycle" in verdict.advice_note
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.booleans(), st.sampled_from(list(StopHookAdvice)))
-def test_r4_3_completion_follows_the_model_alone(completed: bool, advice: StopHookAdvice) -> None:
-    assert completion_decision(completed, advice).complete is completed
-
-
-def test_r4_3_completion_decision_rejects_bad_input() -> None:
-    with pytest.raises(LifecycleError):
-        completion_decision(True, "veto")
-    with pytest.raises(LifecycleError):
-        completion_decision(1, StopHookAdvice.NONE)  # type: ignore[arg-type]
 
 
 def test_r4_3_a_stop_hook_is_not_an_input_of_the_decision_table_but_cancel_is() -> None:

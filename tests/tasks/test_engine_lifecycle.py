@@ -25,7 +25,7 @@ from governance.models import (
 )
 from tasks import instrumentation
 from tasks.instrumentation import CLOCK_ATTRIBUTES
-from tasks.runner import publish, watchdog_pass
+from tasks.stages import publish, watchdog_pass
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -450,7 +450,7 @@ def test_r6_5_a_worker_that_lost_its_claim_cannot_close_the_stage(
     """Fencing: a stage taken over after the lease ran out ignores the old worker."""
     from datetime import timedelta as td
 
-    from tasks.runner import StageExecution, StaleClaim
+    from tasks.stages import StaleClaim, model_turn
 
     scripted_provider("p", ANSWER)
     thread = Thread.objects.get(id=make_thread(api, ["p"])["id"])
@@ -459,6 +459,6 @@ def test_r6_5_a_worker_that_lost_its_claim_cannot_close_the_stage(
     manual_clock.advance(minutes=11)
     services.claim_stage(stage.id, manual_clock(), lease=td(minutes=10))  # the new holder
     with pytest.raises(StaleClaim):
-        StageExecution(Run.objects.get(id=run.id), first).execute()
+        model_turn.execute(Run.objects.get(id=run.id), first)
     assert Stage.objects.get(id=stage.id).finished_at is None
     assert ProviderAttempt.objects.filter(run=run).count() == 0  # nothing recorded

@@ -8,7 +8,7 @@ import pytest
 
 from governance import services
 from governance.models import BudgetEntry, ProviderAttempt, Stage, Thread
-from tasks.runner import run_stage
+from tasks.stages import run_stage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

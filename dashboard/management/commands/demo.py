@@ -1,7 +1,7 @@
 """Seed a realistic demo scenario through the real engine (issue 4).
 
 Nothing here writes a fact row: threads, runs and boundaries go through
-``governance.services`` and every stage runs through ``tasks.runner`` —
+``governance.services`` and every stage runs through ``tasks.stages`` —
 in this process, synchronously (Celery eager mode), under a manual clock
 that starts about nine hours ago and is moved forward between steps, so
 the data spans the morning and ends at about "now". Only configuration is
@@ -517,7 +517,7 @@ class Scenario:
 
     def run(self, thread: Thread, text: str, *, queued_s: float = 3, **options: Any) -> Run:
         """Admit a run, let it wait in the queue, then run its stages inline."""
-        from tasks.runner import publish
+        from governance.services.stages import publish
 
         run, stage, _ = services.submit_run(
             thread, input=text, now=self.clock(), trace_context=self._trace(thread), **options
@@ -527,7 +527,7 @@ class Scenario:
         return Run.objects.get(id=run.id)
 
     def cancelled_run(self, thread: Thread, text: str, by: str) -> Run:
-        from tasks.runner import publish
+        from governance.services.stages import publish
 
         run, stage, _ = services.submit_run(
             thread, input=text, now=self.clock(), trace_context=self._trace(thread)

@@ -1,0 +1,631 @@
+"""Stages: the claim, the facts a stage reads, and the one transaction that
+writes what the stage concluded (R6.1–R6.5).
+
+A stage is three steps: gather the facts (:func:`start_stage`,
+:func:`turn_context`), ask one pure conclusion (``governance.rules.turns`` /
+``governance.rules.tools``), write it with :func:`close_stage` — attempts,
+refusal state with its card and notices (outbox included), breaker moves,
+history, chunks, receipts, the owners' facts, the lifecycle's decision, the
+next stage or the settlement with its callback row — and publish after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
+
+from governance.models import (
+    BodyChunk,
+    HistoryItem,
+    Notification,
+    Provider,
+    ProviderHealthState,
+    Run,
+    RunEvent,
+    Segment,
+    Stage,
+    Thread,
+    ThreadSession,
+    ToolReceipt,
+)
+from governance.rules import health as health_rules
+from governance.rules import lifecycle as lc
+from governance.rules import publication as pub
+from governance.rules import run_clocks
+from governance.rules.refusal import ProviderRefusal, no_eligible_provider_notice
+from governance.rules.turns import StageConclusion
+from governance.services import callbacks
+from governance.services.alerts import emit_notice
+from governance.services.budget import budget_view
+from governance.services.events import fact_event, new_event
+from governance.services.health import apply_health_moves, provider_health
+from governance.services.refusals import (
+    attempt_rows,
+    record_turn,
+    remember_turn_refusal,
+    reprobe_delays,
+    segment_refusals,
+    turn_memory,
+)
+from governance.services.runs import decision_entry, run_facts, settlement_row
+from governance.services.stream import write_chunks
+from governance.services.threads import open_segment
+
+log = logging.getLogger(__name__)
+
+STAGE_TASK = "tasks.stages.execute_stage"
+MODEL_STAGES = (Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION)
+TURN_WAIT_S = 2.0  # how long a turn waits for the thread's in-flight turn
+MAX_RECOVERY_WAIT_S = 600.0  # the watchdog's deadline still bounds the run
+
+
+class StaleClaim(Exception):
+    """Another worker holds (or finished) this stage: this execution's facts are void."""
+
+
+def lease() -> timedelta:
+    return timedelta(seconds=settings.GOVERNANCE_STAGE_LEASE_SECONDS)
+
+
+# --------------------------------------------------------------------------- publish
+
+
+def publish(stage_ids: Sequence[int], countdowns: Mapping[int, float] | None = None) -> None:
+    """Send stages to the broker once the transaction that created them commits.
+
+    The task is reached by name, so governance never imports the execution
+    layer; a lost publish is found by the watchdog's sweep.
+    """
+
+    def send(stage_id: int, countdown: float) -> None:
+        from celery import current_app
+
+        task = current_app.tasks.get(STAGE_TASK)
+        if task is not None:  # registered here: honours eager mode (demo, tests)
+            task.apply_async(args=[stage_id], countdown=countdown or None)
+        else:
+            current_app.send_task(STAGE_TASK, args=[stage_id], countdown=countdown or None)
+
+    for stage_id in stage_ids:
+        delay = (countdowns or {}).get(stage_id, 0.0)
+        transaction.on_commit(lambda sid=stage_id, d=delay: send(sid, d))
+
+
+# --------------------------------------------------------------------------- claim
+
+
+@dataclass
+class StageStart:
+    """A claimed stage (``stage.claimed_at`` is the claim that must close it)."""
+
+    stage: Stage
+    deferred: bool = False  # another turn of the thread is in flight: re-sent shortly
+
+
+def start_stage(stage_id: int, now: datetime) -> StageStart | None:
+    """Claim a stage unless its effect is already recorded (at-least-once delivery).
+
+    A finished stage is a no-op. An unfinished one is taken when nobody holds
+    it, or when the holder's lease ran out (its worker died): "another worker
+    got there first" otherwise. ``deliveries`` counts the pick-ups. One model
+    turn at a time per thread (R1.1: one linear history; two runs would both
+    send a due re-probe, R3.2): a later claim steps back and is re-sent.
+    """
+    with transaction.atomic():
+        changed = (
+            Stage.objects.filter(id=stage_id, finished_at__isnull=True)
+            .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - lease()))
+            .update(
+                deliveries=F("deliveries") + 1,
+                started_at=Coalesce(F("started_at"), now),
+                claimed_at=now,
+            )
+        )
+        if not changed:
+            return None
+        stage = Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
+        run = stage.run
+        if run.status == Run.Status.QUEUED:
+            Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(
+                status=Run.Status.RUNNING
+            )
+            run.status = Run.Status.RUNNING
+        if stage.kind in MODEL_STAGES and run.status != Run.Status.SETTLED:
+            Thread.objects.select_for_update().filter(pk=run.thread_id).first()
+            earlier = (
+                Stage.objects.filter(
+                    run__thread_id=run.thread_id,
+                    kind__in=MODEL_STAGES,
+                    finished_at__isnull=True,
+                    claimed_at__gte=now - lease(),
+                )
+                .exclude(id=stage.id)
+                .filter(Q(claimed_at__lt=now) | Q(claimed_at=now, id__lt=stage.id))
+                .exists()
+            )
+            if earlier:
+                Stage.objects.filter(id=stage.id, claimed_at=now).update(claimed_at=None)
+                publish([stage.id], {stage.id: TURN_WAIT_S})
+                return StageStart(stage, deferred=True)
+    return StageStart(stage)
+
+
+def claim_stage(stage_id: int, now: datetime, *, lease: timedelta | None = None) -> Stage | None:
+    """Claim without the thread check (tests and tools that drive one stage)."""
+    limit = lease if lease is not None else globals()["lease"]()
+    changed = (
+        Stage.objects.filter(id=stage_id, finished_at__isnull=True)
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - limit))
+        .update(
+            deliveries=F("deliveries") + 1,
+            started_at=Coalesce(F("started_at"), now),
+            claimed_at=now,
+        )
+    )
+    if not changed:
+        return None
+    return Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
+
+
+# --------------------------------------------------------------------------- gather
+
+
+@dataclass
+class TurnContext:
+    """The facts a model turn reads, gathered in one read transaction."""
+
+    segment: Segment
+    session: ThreadSession
+    history: list[dict[str, Any]]
+    providers: dict[str, Provider]
+    refusals: dict[str, ProviderRefusal]
+    health: dict[str, Any]
+    memory: health_rules.TurnRefusalMemory
+    publication: pub.Publication
+    delays: tuple[timedelta, ...]
+    last_progress_at: datetime
+
+
+def turn_context(run: Run, now: datetime) -> TurnContext:
+    with transaction.atomic():
+        segment = open_segment(run.thread)
+        history = [
+            {
+                "role": role,
+                "content": content,
+                "tool_call_id": tool_call_id,
+                "tool_calls": tool_calls,
+            }
+            for role, content, tool_call_id, tool_calls in segment.session.history.order_by(
+                "seq"
+            ).values_list("role", "content", "tool_call_id", "tool_calls")
+        ]
+        providers = {
+            p.provider_id: p
+            for p in Provider.objects.filter(provider_id__in=run.thread.provider_chain)
+        }
+        rows = {
+            row.provider_id: row
+            for row in ProviderHealthState.objects.filter(provider__in=list(providers.values()))
+        }
+        verdicts = {}
+        for provider in providers.values():
+            if not provider.enabled:
+                verdicts[provider.provider_id] = health_rules.HealthVerdict(
+                    False, "disabled", None, "disabled by an administrator"
+                )
+                continue
+            value = provider_health(provider, rows.get(provider.pk))
+            verdicts[provider.provider_id] = health_rules.health_verdict(
+                value, now, provider.config_fingerprint()
+            )
+        chunks = list(
+            BodyChunk.objects.filter(run=run)
+            .order_by("chunk_no")
+            .values_list("chunk_no", "version", "final")
+        )
+        publication = pub.Publication(
+            chunks=tuple(pub.ChunkFacts(no, version) for no, version, _final in chunks),
+            final_chunk_id=next((no for no, _v, final in chunks if final), None)
+            if chunks and chunks[-1][2]
+            else None,
+        )
+        return TurnContext(
+            segment=segment,
+            session=segment.session,
+            history=history,
+            providers=providers,
+            refusals=segment_refusals(segment),
+            health=verdicts,
+            memory=turn_memory(list(providers), now),
+            publication=publication,
+            delays=reprobe_delays(),
+            last_progress_at=Run.objects.values_list("last_progress_at", flat=True).get(id=run.id),
+        )
+
+
+def tool_surface(run: Run) -> tuple[str, ...]:
+    return tuple(open_segment(run.thread).tool_surface)
+
+
+# --------------------------------------------------------------------------- close
+
+
+@dataclass
+class Closed:
+    """What the closing transaction wrote (for spans and metrics after commit)."""
+
+    decision: lc.Decision
+    settled: bool = False
+    notifications: list[Notification] = field(default_factory=list)
+    critical_alert: bool = False
+
+
+def stage_clock_values(run: Run, stage: Stage, at: datetime, last_progress_at: datetime):
+    started = stage.started_at or at
+    finished = stage.finished_at or at
+    progress = min(max(last_progress_at, run.created_at), finished)
+    return run_clocks.stage_clocks(
+        enqueued_at=stage.enqueued_at,
+        started_at=started,
+        finished_at=finished,
+        last_progress_at=max(progress, run.created_at),
+        run_started_at=run.created_at,
+        deadline_at=run.deadline_at,
+        now=finished,
+    ).as_millis()
+
+
+def _recovery_conditions(run: Run, stage: Stage | None) -> lc.RecoveryConditions:
+    """R6.4's five conditions, each read from its owner."""
+    auth = lc.RunAuthorization(str(run.id), frozenset(run.authorization.get("scopes", [])))
+    unknown = tuple(
+        ToolReceipt.objects.filter(run=run, effect=ToolReceipt.Effect.UNKNOWN).values_list(
+            "idempotency_key", flat=True
+        )
+    )
+    increment_kept = (
+        stage is None
+        or "increment" in (stage.payload or {})
+        or (bool(_last_turn_increment(run, stage)))
+    )
+    return lc.RecoveryConditions(
+        task_identity=str(run.id),
+        resume_task_identity=str(stage.run_id if stage is not None else run.id),
+        # The turn is rebuilt from the accepted history and the stage's stored increment.
+        checkpoint_usable=increment_kept,
+        admitted_authorization=auth,
+        resume_authorization=auth,  # recorded at admission, never re-judged
+        remaining_balance=budget_view(run)["model_requests"].remaining,
+        # A model request has no external effect; an unknown tool effect forbids resending.
+        original_allows_safe_continuation=not unknown,
+        unknown_effect_keys=unknown,
+    )
+
+
+def _last_turn_increment(run: Run, stage: Stage | None) -> list[dict[str, Any]]:
+    if stage is not None and stage.kind == Stage.Kind.MODEL_TURN:
+        return list(stage.payload.get("increment", []))
+    last = run.stages.filter(kind=Stage.Kind.MODEL_TURN).order_by("-seq").first()
+    return list(last.payload.get("increment", [])) if last else []
+
+
+def _hold(stage: Stage) -> None:
+    # Fencing: only the holder of the current claim may close the stage. A
+    # worker whose lease ran out while it waited on a provider finds another
+    # claim here, and its whole closing transaction rolls back.
+    held = (
+        Stage.objects.select_for_update()
+        .filter(id=stage.id, finished_at__isnull=True, claimed_at=stage.claimed_at)
+        .exists()
+    )
+    if not held:
+        raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
+
+
+def close_stage(
+    stage: Stage | None,
+    conclusion: StageConclusion,
+    now: datetime,
+    *,
+    run: Run | None = None,
+    context: TurnContext | None = None,
+    last_progress_at: datetime | None = None,
+    abandoned: Sequence[Stage] = (),
+) -> Closed:
+    """Write everything one stage concluded in one transaction, and decide (R6.3).
+
+    ``stage`` None: a fact from outside any stage (the clock watchdog), which
+    closes the ``abandoned`` stages it stopped waiting for.
+    """
+    run = run if run is not None else stage.run
+    with transaction.atomic():
+        if stage is not None:
+            _hold(stage)
+        locked = Run.objects.select_for_update().get(id=run.id)
+        run.decisions, run.phase, run.status = locked.decisions, locked.phase, locked.status
+        run.last_progress_at = locked.last_progress_at
+        segment = context.segment if context is not None else run.segment
+        events: list[RunEvent] = []
+        closed = Closed(decision=None)  # type: ignore[arg-type]
+        if conclusion.turn is not None and context is not None:
+            providers = context.providers
+            closed.notifications = record_turn(
+                run=run, stage=stage, segment=segment, outcome=conclusion.turn,
+                attempts=attempt_rows(conclusion.attempts, providers), now=now, events=events,
+            )  # fmt: skip
+            apply_health_moves(providers, conclusion.health, now, rng=random.Random())
+            for provider_id, digest in conclusion.turn_refusals:
+                remember_turn_refusal(providers[provider_id], digest, now)
+        for receipt in conclusion.receipts:
+            _close_receipt(receipt, now)
+        if conclusion.history:
+            _append_history(context.session, conclusion.history, run, now)
+        if conclusion.chunks:
+            write_chunks(run, conclusion.chunks, now, events)
+        progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
+        if conclusion.progress:
+            progress = max(progress, now)
+        events += [fact_event(run, fact, now, stage) for fact in conclusion.facts]
+        clocks = {}
+        if stage is not None:
+            stage.finished_at = now
+            clocks = stage_clock_values(run, stage, now, progress)
+            Stage.objects.filter(id=stage.id).update(
+                finished_at=now,
+                outcome=conclusion.outcome,
+                timeout_name=conclusion.timeout_name,
+                detail=conclusion.detail[:4000],
+                clocks=clocks,
+            )
+            stage.outcome, stage.clocks = conclusion.outcome, clocks
+            stage.timeout_name = conclusion.timeout_name
+            events.append(_stage_finished(run, stage, now))
+        for other in abandoned:
+            if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
+                finished_at=now,
+                outcome="abandoned",
+                timeout_name=conclusion.timeout_name,
+                detail="the clock watchdog stopped waiting for this stage",
+                clocks={},
+            ):
+                other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
+                events.append(_stage_finished(run, other, now))
+        RunEvent.objects.bulk_create(events)
+        events = []
+        if progress > run.last_progress_at:
+            run.last_progress_at = progress
+        closed.decision = decision = _decide(run, stage, conclusion, now, events)
+        if decision.path is lc.Path.SETTLE:
+            row, created = settlement_row(run, decision.settlement, now, events)
+            closed.settled = created
+            if created:
+                # R7.3: the callback row is written with the settlement and
+                # published only once both are committed.
+                callback = callbacks.create_for_settlement(run, row, now)
+                if callback is not None:
+                    callbacks.publish(callback.id)
+                if decision.critical_alert:
+                    closed.critical_alert = _no_provider_alert(run, decision, segment, now)
+        RunEvent.objects.bulk_create(events)
+        Run.objects.filter(id=run.id).update(
+            last_progress_at=run.last_progress_at,
+            decisions=run.decisions,
+            phase=run.phase,
+            status=run.status,
+        )
+    return closed
+
+
+def _stage_finished(run: Run, stage: Stage, now: datetime) -> RunEvent:
+    return new_event(
+        run,
+        "stage",
+        now,
+        {
+            "stage": stage.seq,
+            "kind": stage.kind,
+            "state": "finished",
+            "outcome": stage.outcome,
+            "timeout": stage.timeout_name,
+        },
+        segment=run.segment,
+        stage=stage,
+    )
+
+
+def _decide(
+    run: Run,
+    stage: Stage | None,
+    conclusion: StageConclusion,
+    now: datetime,
+    events: list[RunEvent],
+) -> lc.Decision:
+    """Ask the lifecycle (R6.3) with every fact recorded, and start what it allows."""
+    facts = run_facts(run)
+    if lc.needs_recovery_conditions(facts.facts):
+        facts = lc.RunFacts(
+            run_id=facts.run_id, goal=facts.goal, facts=facts.facts, phase=facts.phase,
+            finalization_from=facts.finalization_from, settlement=facts.settlement,
+            recovery=_recovery_conditions(run, stage),
+        )  # fmt: skip
+    decision = lc.next_path(facts)
+    after = lc.apply_decision(facts, decision)  # one way: finalization never returns (R6.3)
+    entry = decision_entry(decision, now, facts_before=len(facts.facts))
+    run.decisions = [*run.decisions, entry]
+    events.append(
+        new_event(
+            run, "decision", now,
+            {"path": decision.path.value, "reason": decision.reason,
+             "must_keep": list(decision.must_keep)},
+            segment=run.segment,
+        )
+    )  # fmt: skip
+    if after.phase is lc.Phase.FINALIZATION and run.phase != "finalization":
+        run.phase, run.status = "finalization", Run.Status.FINALIZING
+    if decision.path is lc.Path.SETTLE:
+        return decision
+    verification = None
+    if stage is not None and stage.kind == Stage.Kind.VERIFY_EFFECT:
+        verification = (stage.payload.get("resume") or {}, stage.payload.get("attempt", 1))
+    follow = lc.follow_up(
+        decision,
+        conclusion.next_work,
+        last_increment=_last_turn_increment(run, stage)
+        if decision.path is lc.Path.BOUNDED_RECOVERY
+        else (),
+        finalization_started=decision.path is lc.Path.FINALIZATION_ONLY
+        and run.stages.filter(kind=Stage.Kind.FINALIZATION).exists(),
+        recovery_delay_s=conclusion.recovery_delay_s,
+        max_recovery_wait_s=MAX_RECOVERY_WAIT_S,
+        verify_delay_s=settings.GOVERNANCE_VERIFY_DELAY_SECONDS,
+        verification=verification,
+    )
+    if follow is not None:
+        new = enqueue_stage(run, follow.kind, dict(follow.payload), now, events)
+        publish([new.id], {new.id: follow.countdown_s})
+    return decision
+
+
+def enqueue_stage(
+    run: Run, kind: str, payload: dict[str, Any], now: datetime, events: list[RunEvent] | None
+) -> Stage:
+    """A new stage row and its "queued" event (appended to ``events`` to write
+    in bulk, or written at once)."""
+    last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
+    stage = Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
+    event = new_event(
+        run,
+        "stage",
+        now,
+        {"stage": stage.seq, "kind": kind, "state": "queued"},
+        segment=run.segment,
+        stage=stage,
+    )
+    if events is None:
+        event.save()
+    else:
+        events.append(event)
+    return stage
+
+
+def _no_provider_alert(run: Run, decision: lc.Decision, segment: Segment, now: datetime) -> bool:
+    """A critical alert when every provider is frozen in the segment (R6.3)."""
+    notice = no_eligible_provider_notice(
+        run_id=str(run.id),
+        segment_key=segment.key,
+        provider_ids=segment.thread.provider_chain,
+        refusals=segment_refusals(segment),
+        now=now,
+        boundary_action_needed=decision.boundary_action_needed or "",
+        delays=reprobe_delays(),
+    )
+    if notice is None:
+        return False
+    _row, created = emit_notice(notice, segment)
+    return created
+
+
+def _close_receipt(receipt, now: datetime) -> None:
+    updates: dict[str, Any] = {
+        "effect": receipt.effect,
+        "result": receipt.output,
+        "error": receipt.error[:4000],
+        "finished_at": Coalesce(F("finished_at"), now),
+    }
+    if receipt.verified:
+        updates["verified_at"] = now
+    ToolReceipt.objects.filter(idempotency_key=receipt.key).update(**updates)
+
+
+def _append_history(
+    session: ThreadSession, items: Sequence[dict[str, Any]], run: Run, now: datetime
+) -> None:
+    """R1.3: accepted history only grows."""
+    last = session.history.order_by("-seq").values_list("seq", flat=True).first() or 0
+    HistoryItem.objects.bulk_create(
+        HistoryItem(
+            session=session,
+            seq=last + offset,
+            role=item["role"],
+            content=item.get("content", ""),
+            tool_call_id=item.get("tool_call_id") or "",
+            tool_calls=item.get("tool_calls") or [],
+            run=run,
+            accepted_at=now,
+        )
+        for offset, item in enumerate(items, start=1)
+    )
+
+
+def mark_progress_now(run: Run, at: datetime) -> None:
+    """R6.1: business progress seen mid-stage (written at most every few seconds;
+    the stage's close writes the latest)."""
+    Run.objects.filter(id=run.id, last_progress_at__lt=at).update(last_progress_at=at)
+
+
+def finish_skipped(stage: Stage, now: datetime) -> None:
+    """A stage delivered after its run settled starts nothing."""
+    with transaction.atomic():
+        if Stage.objects.filter(id=stage.id, finished_at__isnull=True).update(
+            finished_at=now, outcome="skipped", detail="run already settled", clocks={}
+        ):
+            stage.finished_at, stage.outcome = now, "skipped"
+            _stage_finished(stage.run, stage, now).save()
+
+
+# --------------------------------------------------------------------------- watchdog
+
+
+@dataclass
+class WatchedRun:
+    run: Run
+    held: bool  # a live claim holds one of its stages
+    stale: list[int]  # stages to send again: a lost publish or a dead holder
+    no_progress_decided: bool  # a no-progress fact was already recorded
+
+
+def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]:
+    """What the clock watchdog looks at, read in one transaction."""
+    watched = []
+    with transaction.atomic():
+        runs = list(Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment"))
+        open_stages: dict[Any, list[Stage]] = {}
+        for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
+            open_stages.setdefault(stage.run_id, []).append(stage)
+        decided = set(
+            RunEvent.objects.filter(
+                run__in=runs, kind="fact", metadata__kind="no_progress_timeout"
+            ).values_list("run_id", flat=True)
+        )
+        for run in runs:
+            stages = open_stages.get(run.id, [])
+            live = [s for s in stages if s.claimed_at and s.claimed_at >= now - lease()]
+            stale = [
+                s.id
+                for s in stages
+                if (s.claimed_at is None and s.enqueued_at < now - stale_after)
+                or (s.claimed_at is not None and s.claimed_at < now - lease())
+            ]
+            watched.append(WatchedRun(run, bool(live), stale, run.id in decided))
+    return watched
+
+
+def record_breach(run: Run, conclusion: StageConclusion, now: datetime) -> bool:
+    """The watchdog's clock fact for a run no stage holds; the stages it stopped
+    waiting for are closed as abandoned. False when the run settled meanwhile."""
+    run = Run.objects.select_related("thread", "segment").get(id=run.id)
+    if run.status == Run.Status.SETTLED:
+        return False
+    abandoned = list(Stage.objects.filter(run=run, finished_at__isnull=True))
+    close_stage(None, conclusion, now, run=run, abandoned=abandoned)
+    return True

@@ -1,0 +1,136 @@
+"""The Celery shell of a run: one task executes one stage (R6).
+
+It decides nothing on its own. Each stage kind (``model_turn``, ``tool_call``,
+``verify_effect``) gathers facts, asks one pure conclusion from
+``governance.rules`` and writes it with one service call
+(``governance.services.stages.close_stage``), then emits spans. Delivery is at
+least once: a finished stage is a no-op, admissions carry stable keys, and an
+effect that may have happened is verified by key, never replayed blindly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from governance import time_source
+from governance.models import Run, Stage
+from governance.rules.turns import conclude_local_failure, conclude_stop
+from governance.services import stages as stage_service
+from governance.services.stages import StaleClaim, publish
+from tasks import instrumentation as spans
+from tasks.stages import model_turn, tool_call, verify_effect
+from tasks.stages.watchdog import watchdog_pass
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StaleClaim", "execute_stage", "publish", "run_stage", "watchdog_pass"]
+
+HANDLERS = {
+    Stage.Kind.MODEL_TURN: model_turn.execute,
+    Stage.Kind.FINALIZATION: model_turn.execute,
+    Stage.Kind.TOOL_CALL: tool_call.execute,
+    Stage.Kind.VERIFY_EFFECT: verify_effect.execute,
+}
+
+
+@shared_task(name=stage_service.STAGE_TASK, ignore_result=True, acks_late=True)
+def execute_stage(stage_id: int) -> str:
+    return run_stage(stage_id)
+
+
+def run_stage(stage_id: int) -> str:
+    now = time_source.now()
+    start = stage_service.start_stage(stage_id, now)
+    if start is None:
+        return "already handled"
+    if start.deferred:
+        return "deferred"
+    stage = start.stage
+    run = stage.run
+    if run.status == Run.Status.SETTLED:
+        stage_service.finish_skipped(stage, now)
+        return "run settled"
+    queued_clocks = stage_service.stage_clock_values(
+        run, stage, stage.started_at, run.last_progress_at
+    )
+    spans.record_queue_span(
+        run.trace_context,
+        run_id=str(run.id),
+        stage_id=stage.id,
+        stage_kind=stage.kind,
+        enqueued_at=stage.enqueued_at,
+        started_at=stage.started_at,
+        attributes=spans.clock_attributes(queued_clocks),
+    )
+    with spans.execution_span(
+        run.trace_context,
+        run_id=str(run.id),
+        stage_id=stage.id,
+        stage_kind=stage.kind,
+        started_at=stage.started_at,
+    ) as execution:
+        try:
+            result, closed = _execute(run, stage)
+        except StaleClaim as exc:
+            log.warning("%s", exc)
+            result, closed = "superseded", None
+        except Exception as exc:  # R4.2: a local failure is a fact, not a veto
+            log.exception("stage %s failed", stage.id)
+            result, closed = _record_local_failure(stage, exc)
+        end = stage.finished_at or time_source.now()
+        execution.set_attributes(
+            {
+                **spans.clock_attributes(stage.clocks or queued_clocks),
+                "governance.stage.outcome": stage.outcome,
+                "governance.stage.timeout": stage.timeout_name,
+            }
+        )
+        execution.end(end)
+    spans.observe_clocks(stage.kind, stage.clocks or {})
+    if closed is not None:
+        after_close(run, closed, end)
+    return result
+
+
+def _execute(run: Run, stage: Stage):
+    now = time_source.now()
+    if run.cancel_requested_at is not None or now >= run.deadline_at:
+        conclusion = conclude_stop(cancel_requested=run.cancel_requested_at is not None)
+        return "stopped", stage_service.close_stage(stage, conclusion, now)
+    return HANDLERS[stage.kind](run, stage)
+
+
+def _record_local_failure(stage: Stage, exc: Exception):
+    words = f"{type(exc).__name__}: {exc}"[:500]
+    fresh = Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage.id)
+    fresh.claimed_at = stage.claimed_at  # the claim this execution holds
+    try:
+        closed = stage_service.close_stage(
+            fresh, conclude_local_failure(stage.kind, stage.seq, words), time_source.now()
+        )
+    except StaleClaim:
+        return "superseded", None
+    stage.finished_at, stage.outcome, stage.clocks = fresh.finished_at, "error", fresh.clocks
+    stage.timeout_name = fresh.timeout_name
+    return "error", closed
+
+
+def after_close(run: Run, closed: stage_service.Closed, at) -> None:
+    """Spans and metrics of what the closing transaction wrote (after commit)."""
+    if closed.critical_alert:
+        spans.count("governance.notifications", severity="critical")
+    if closed.settled:
+        settlement = closed.decision.settlement
+        spans.end_run_span(
+            run.trace_context,
+            run_id=str(run.id),
+            started_at=run.created_at,
+            ended_at=at,
+            attributes={
+                "governance.run_id": str(run.id),
+                "governance.settlement": settlement.outcome.value,
+                "governance.settlement.reason": settlement.reason_code.value,
+            },
+        )

@@ -1,0 +1,227 @@
+"""A model turn or the one finalization (R1.1, R2, R3, R4.4, R5, R6).
+
+Gather (segment, history, refusal state, breaker verdicts) → route
+(``rules.routing``) → the refusal protocol sends what it asks for
+(``rules.routing.drive_turn``; each request admitted from the run's one
+ledger first) → ``rules.turns.conclude_turn`` → one ``close_stage``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from governance import time_source
+from governance.models import Provider, Run, Stage
+from governance.rules import routing, turns
+from governance.rules.health import classify_attempt
+from governance.rules.refusal import refusal_verdict
+from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
+from governance.services import budget as ledger
+from governance.services import stages as stage_service
+from governance.services.runs import cancel_requested, run_goal
+from tasks import instrumentation as spans
+from tasks.adapters import call_provider
+from tasks.adapters.base import (
+    CallLimits,
+    ChatMessage,
+    ProviderConfig,
+    ProviderRequest,
+    ToolCall,
+)
+from tasks.tools import TOOL_SPECS
+
+PROGRESS_WRITE_EVERY = timedelta(seconds=30)  # mid-stream progress reaches the row this often
+
+
+def execute(run: Run, stage: Stage):
+    final = stage.kind == Stage.Kind.FINALIZATION
+    start = time_source.now()
+    context = stage_service.turn_context(run, start)
+    segment = context.segment
+    increment = turns.turn_increment(stage.payload.get("increment", []), final=final)
+    providers = context.providers
+    chain = routing.turn_chain(
+        run.thread.provider_chain, {pid: p.model for pid, p in providers.items()}, segment.model
+    )
+    route = routing.route_turn(
+        chain,
+        now=start,
+        health=context.health,
+        refusals=context.refusals,
+        delays=context.delays,
+        turn_memory=context.memory,
+        request_digest=None,
+    )
+    tools = () if final else tuple(TOOL_SPECS[n] for n in segment.tool_surface if n in TOOL_SPECS)
+    progress = _Progress(run, context.last_progress_at)
+    calls: list[turns.TurnCall] = []
+    steps: dict[str, int] = {}
+
+    def send(candidate: routing.Candidate, kind: str) -> routing.AttemptOutcome:
+        provider = providers[candidate.provider_id]
+        step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
+        now = time_source.now()
+        purpose = "recovery" if stage.payload.get("recovery") else {
+            "re_render": "rerender", "re_probe": "reprobe"
+        }.get(kind, "original")  # fmt: skip
+        admission = ledger.admit(
+            run, "model_requests", 1, f"stage{stage.id}:{provider.provider_id}:{kind}:{step}",
+            purpose, for_finalization=final, now=now,
+        )  # fmt: skip
+        blocked = turns.dispatch_outcome(
+            # The stage began after checking for a stop; later sends ask again.
+            cancel_requested=bool(calls) and cancel_requested(run),
+            permitted=bool(run.authorization.get("recorded_at")),  # recorded at admission
+            budget_admitted=admission.admitted,
+        )
+        if blocked is not None:
+            return blocked
+        level = 1 + sum(
+            1 for c in calls if c.provider_id == provider.provider_id and c.kind == kind
+        )
+        parts = turns.attempt_parts(context.history, increment, kind, level)
+        request = ProviderRequest(
+            model=candidate.model or provider.model,
+            messages=tuple(
+                _message(m) for m in turns.request_messages(segment.system_prompt, parts)
+            ),
+            tools=tools,
+            idempotency_key=f"{run.id}:{stage.id}:{provider.provider_id}:{kind}:{step}",
+        )
+        allowance = attempt_allowance(
+            now=now,
+            stage_budget_s=run.stage_budget_s,
+            deadline_at=run.deadline_at,
+            run_started_at=run.created_at,
+            last_progress_at=progress.at,
+            no_progress_limit_s=run.no_progress_limit_s,
+            own_allowance_since=stage.started_at if final else None,
+        )
+        with spans.attempt_span(
+            provider_id=provider.provider_id, kind=kind, model=request.model,
+            started_at=now, segment_key=segment.key,
+        ) as attempt:  # fmt: skip
+            response = call_provider(
+                _config(provider),
+                request,
+                limits=CallLimits(
+                    allowance.budget_s, allowance.no_progress_s, allowance.deadline_bound
+                ),
+                clock=time_source.current(),
+                on_event=progress.seen,
+            )
+            ended = time_source.now()
+            classification = classify_attempt(response.evidence, ended)
+            verdict = refusal_verdict(
+                context.refusals.get(provider.provider_id), now, context.delays
+            )
+            attempt.finish(
+                ended,
+                {
+                    "gen_ai.response.finish_reasons": [response.finish_reason or ""],
+                    "gen_ai.usage.input_tokens": response.usage.get("input_tokens", 0),
+                    "gen_ai.usage.output_tokens": response.usage.get("output_tokens", 0),
+                    "governance.refusal.verdict": verdict.state,
+                    "governance.refusal.reprobes": verdict.reprobes,
+                    "governance.failure_class": classification.failure_class or "",
+                    "governance.run_id": str(run.id),
+                },
+            )
+        calls.append(
+            turns.TurnCall(
+                provider_id=provider.provider_id,
+                model=provider.model,
+                kind=kind,
+                parts=tuple(parts),
+                started_at=now,
+                classification=classification,
+                text=response.text,
+                tool_calls=tuple(
+                    {"id": c.id, "name": c.name, "arguments": c.arguments}
+                    for c in response.tool_calls
+                ),
+                text_pieces=tuple(e.text for e in response.events if e.kind == "text" and e.text),
+                latency_ms=response.latency_ms,
+                status_code=response.status_code,
+                finish_reason=response.finish_reason or "",
+                usage=dict(response.usage),
+                error=response.error,
+                timeout_name=response.timeout_name or "",
+            )
+        )
+        return turns.attempt_outcome(classification, response.timeout_name, ended)
+
+    outcome = routing.drive_turn(
+        route,
+        send,
+        segment_key=segment.key,
+        refusals=context.refusals,
+        has_unaccepted_increment=not final and any(turns.quarantinable(i) for i in increment),
+        now=start,
+        delays=context.delays,
+    )
+    facts = turns.TurnFacts(
+        run_id=str(run.id),
+        stage_id=stage.id,
+        goal=run_goal(run),
+        final=final,
+        increment=tuple(increment),
+        tool_surface=tuple(segment.tool_surface),
+        segment_key=segment.key,
+        publication=context.publication,
+    )
+    now = time_source.now()
+    conclusion = turns.conclude_turn(facts, calls, outcome, now)
+    closed = stage_service.close_stage(
+        stage, conclusion, now, run=run, context=context, last_progress_at=progress.at
+    )
+    for name, amount in conclusion.counts.items():
+        spans.count(name, amount)
+    return conclusion.outcome, closed
+
+
+class _Progress:
+    """R6.1: business progress seen in the stream moves the no-progress clock.
+    Kept here and written with the stage's close (and, for long streams, at most
+    every ``PROGRESS_WRITE_EVERY`` so the dashboard sees a live run)."""
+
+    def __init__(self, run: Run, at: datetime) -> None:
+        self.run = run
+        self.at = max(at, run.created_at)
+        self.written = self.at
+
+    def seen(self, event) -> None:
+        if stream_event_is_progress(event.kind) and event.at > self.at:
+            self.at = event.at
+            if self.at - self.written >= PROGRESS_WRITE_EVERY:
+                stage_service.mark_progress_now(self.run, self.at)
+                self.written = self.at
+
+
+def _message(item: dict) -> ChatMessage:
+    return ChatMessage(
+        role=item["role"],
+        content=item.get("content", ""),
+        tool_call_id=item.get("tool_call_id") or None,
+        tool_calls=tuple(
+            ToolCall(call["id"], call["name"], call.get("arguments") or {})
+            for call in item.get("tool_calls") or []
+        ),
+    )
+
+
+def _config(provider: Provider) -> ProviderConfig:
+    return ProviderConfig(
+        provider_id=provider.provider_id,
+        kind=provider.kind,
+        model=provider.model,
+        base_url=provider.base_url,
+        api_key=settings.GOVERNANCE_NAMED_SECRET(provider.api_key_env)
+        if provider.api_key_env
+        else None,
+        connect_timeout_s=provider.connect_timeout_s,
+        read_timeout_s=provider.read_timeout_s,
+        script=provider.script,
+    )

@@ -1,0 +1,65 @@
+"""One tool call (R4.1, R5.2, R6.4).
+
+The receipt is written before the effect; a redelivery reads it back or, when
+an external effect may have happened, verifies it by key instead of replaying
+it (``rules.tools.receipt_step``). The call is admitted from the run's one
+ledger (and web searches from their own quota) before it is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from governance import time_source
+from governance.models import Run, Stage
+from governance.rules import tools as tool_rules
+from governance.services import budget as ledger
+from governance.services import receipts
+from governance.services import stages as stage_service
+from tasks.tools import EXTERNAL_TOOLS, run_tool
+
+
+def execute(run: Run, stage: Stage):
+    payload = stage.payload
+    call = payload["calls"][payload["index"]]
+    key = tool_rules.tool_key(
+        str(run.id), payload.get("turn_stage", stage.id), payload["index"], call["id"]
+    )
+    now = time_source.now()
+    receipt, created = receipts.open_receipt(
+        run, stage, tool=call["name"], key=key, arguments=call["arguments"],
+        call_id=call["id"], now=now,
+    )  # fmt: skip
+    step = tool_rules.receipt_step(
+        None if created else receipt.effect,
+        external=call["name"] in EXTERNAL_TOOLS,
+        # Only the first delivery of a replay the executor asked for may perform it.
+        verified_replay=bool(payload.get("replay")) and stage.deliveries <= 1,
+    )
+    close = True
+    if step == "read_back":
+        effect, output, error = receipt.effect, receipt.result, receipt.error
+        close = False
+    elif step == "verify":
+        effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
+    else:
+        effect, output, error = _perform(run, call, key, now)
+    now = time_source.now()
+    conclusion = tool_rules.conclude_tool_call(
+        payload, effect=effect, output=output, error=error, key=key, close_receipt=close
+    )
+    return effect, stage_service.close_stage(stage, conclusion, now, run=run)
+
+
+def _perform(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
+    if call["name"] not in stage_service.tool_surface(run):
+        return "refused", None, f"{call['name']} is not in this segment's tool surface"
+    admission = ledger.admit(run, "tool_calls", 1, f"{key}:tool", now=now)
+    if not admission.admitted:
+        return "refused", None, "the tool-call budget is used up"
+    if call["name"] == "kb_search":
+        search = ledger.admit(run, "web_searches", 1, f"{key}:search", now=now)
+        if not search.admitted:
+            return "refused", None, "the search quota is used up (R5.2)"
+    result = run_tool(call["name"], call["arguments"], idempotency_key=key)
+    return result.effect, result.output, result.error

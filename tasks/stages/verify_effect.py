@@ -1,0 +1,28 @@
+"""Verification of an unknown effect by its executor (R6.4).
+
+Each unknown receipt is looked up by its idempotency key; what the lookup
+proves (``rules.tools.effect_evidence`` → ``rules.lifecycle.effect_state_after``)
+decides, in ``rules.tools.conclude_verification``: read back, replay with the
+same key, or verify again later. Never a blind replay.
+"""
+
+from __future__ import annotations
+
+from governance import time_source
+from governance.models import Run, Stage, ToolReceipt
+from governance.rules import lifecycle as lc
+from governance.rules import tools as tool_rules
+from governance.services import stages as stage_service
+from tasks.tools import verify_webhook
+
+
+def execute(run: Run, stage: Stage):
+    verdicts = []
+    for key in stage.payload["keys"]:
+        receipt = ToolReceipt.objects.get(idempotency_key=key)
+        lookup = verify_webhook(receipt.arguments, idempotency_key=key)
+        state = lc.effect_state_after(key, tool_rules.effect_evidence(key, lookup.effect))
+        verdicts.append(tool_rules.ReceiptVerdict(key, receipt.tool, state, lookup.output))
+    conclusion = tool_rules.conclude_verification(stage.payload, verdicts)
+    now = time_source.now()
+    return conclusion.outcome, stage_service.close_stage(stage, conclusion, now, run=run)
