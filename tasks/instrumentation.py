@@ -7,6 +7,16 @@ Trace shape of one run::
         governance.stage.queue              enqueued_at → started_at
         governance.stage.execution          started_at → finished_at
           chat <model>                      one provider attempt (GenAI semconv)
+          execute_tool <tool>               one tool call (``tool_span``)
+
+Each of these carries ``governance.span.kind`` (``SPAN_KIND_ATTRIBUTE``) from
+its start, with a value in the closed set ``GOVERNANCE_SPAN_KINDS``, and
+``governance.run_id``. That pair is what the embedded span store keeps
+(``stored_in_span_store``) and what the sampler never drops
+(tasks/telemetry.py); every other span — Django requests, SQL statements,
+Celery tasks, HTTP client calls — goes to OTLP only, sampled, and only when an
+exporter is configured. The store thus holds what the dashboard draws, a few
+rows per stage, not one row per SQL statement.
 
 Every stage span carries the four clocks of R6.1 (``CLOCK_ATTRIBUTES``), so a
 long queue wait is visibly a queue span, never execution time (R6.2).
@@ -56,6 +66,15 @@ RUN_SPAN_NAME = "governance.run"
 QUEUE_SPAN_NAME = "governance.stage.queue"
 EXECUTION_SPAN_NAME = "governance.stage.execution"
 
+# What a span is to the dashboard; set at the span's start so the sampler sees it.
+SPAN_KIND_ATTRIBUTE = "governance.span.kind"
+RUN_KIND = "run"
+QUEUE_KIND = "stage.queue"
+EXECUTION_KIND = "stage.execution"
+ATTEMPT_KIND = "attempt"
+TOOL_KIND = "tool"
+GOVERNANCE_SPAN_KINDS = frozenset({RUN_KIND, QUEUE_KIND, EXECUTION_KIND, ATTEMPT_KIND, TOOL_KIND})
+
 # Carrier keys besides W3C ``traceparent`` (which names the *run* span).
 RUN_SPAN_KEY = "run_span_id"
 PARENT_SPAN_KEY = "parent_span_id"  # the admission request span ("" for a new trace)
@@ -88,6 +107,17 @@ _RUN_ID_KEY = otel_context.create_key("governance.run_id")
 _STAGE_ID_KEY = otel_context.create_key("governance.stage_id")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
+
+
+def is_governance_span(attributes: Mapping[str, Any] | None) -> bool:
+    """True for the spans this module emits (a known ``governance.span.kind``)."""
+    return bool(attributes) and attributes.get(SPAN_KIND_ATTRIBUTE) in GOVERNANCE_SPAN_KINDS
+
+
+def stored_in_span_store(attributes: Mapping[str, Any] | None) -> bool:
+    """What the embedded span store keeps: a governance span of a run."""
+    return is_governance_span(attributes) and bool(attributes.get("governance.run_id"))
+
 
 # --------------------------------------------------------------------------- ids
 
@@ -268,9 +298,10 @@ def _fill_clocks(attributes: dict[str, Any], computed: Mapping[str, int], where:
         logger.warning("%s span without clock(s) %s", where, ", ".join(missing))
 
 
-def _stage_identity(run_id: Any, stage_id: Any, stage_kind: Any) -> dict[str, Any]:
+def _stage_identity(run_id: Any, stage_id: Any, stage_kind: Any, span_kind: str) -> dict[str, Any]:
     return otel_attributes(
         {
+            SPAN_KIND_ATTRIBUTE: span_kind,
             "governance.run_id": str(run_id),
             "governance.stage_id": str(stage_id),
             "governance.stage_kind": stage_kind,
@@ -308,6 +339,32 @@ def _run_span_context(carrier: Mapping[str, str] | None) -> SpanContext | None:
     return span_context if span_context.is_valid else None
 
 
+def _new_trace_flags(trace_id: int, run_id: Any) -> trace.TraceFlags:
+    """The sampled flag a new run trace gets: the provider's sampler decides.
+
+    The flag travels in the carrier, so every stage span and every SQL or
+    HTTP span under it follows this one decision (ParentBased sampling). A
+    governance span is recorded (and stored) whatever the flag says; the
+    flag only decides what reaches OTLP.
+    """
+    provider = _tracer_provider or trace.get_tracer_provider()
+    sampler = getattr(provider, "sampler", None)
+    if sampler is None:  # the API's no-op provider, or a non-SDK one
+        return trace.TraceFlags(trace.TraceFlags.SAMPLED)
+    try:
+        result = sampler.should_sample(
+            Context(),
+            trace_id,
+            RUN_SPAN_NAME,
+            attributes={SPAN_KIND_ATTRIBUTE: RUN_KIND, "governance.run_id": str(run_id)},
+        )
+        sampled = result.decision.is_sampled()
+    except Exception:
+        logger.debug("sampler failed; the run trace is sampled", exc_info=True)
+        sampled = True
+    return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+
+
 def new_run_trace(run_id: Any, *, thread_id: Any, segment_key: Any) -> dict[str, str]:
     """Allocate the run span's identity at admission; store the carrier on the run.
 
@@ -323,7 +380,7 @@ def new_run_trace(run_id: Any, *, thread_id: Any, segment_key: Any) -> dict[str,
         trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     else:
         trace_id = ids.generate_trace_id()
-        flags, state = trace.TraceFlags(trace.TraceFlags.SAMPLED), None
+        flags, state = _new_trace_flags(trace_id, run_id), None
     span_id = ids.generate_span_id()
     run_context = SpanContext(
         trace_id, span_id, is_remote=True, trace_flags=flags, trace_state=state
@@ -382,7 +439,11 @@ def end_run_span(
             trace_state=run.trace_state,
         )
         parent_context = trace.set_span_in_context(NonRecordingSpan(parent), Context())
-    attrs = {**otel_attributes(attributes), "governance.run_id": str(run_id)}
+    attrs = {
+        **otel_attributes(attributes),
+        SPAN_KIND_ATTRIBUTE: RUN_KIND,
+        "governance.run_id": str(run_id),
+    }
     with _pinned(run.trace_id, run.span_id):
         span = get_tracer().start_span(
             RUN_SPAN_NAME, context=parent_context, attributes=attrs, start_time=_ns(started_at)
@@ -408,7 +469,11 @@ def record_queue_span(
     attributes: Mapping[str, Any] | None = None,
 ) -> None:
     """R6.1/R6.2: the time a stage spent queued, as its own span under the run."""
-    attrs = {**_stage_identity(run_id, stage_id, stage_kind), **otel_attributes(attributes)}
+    attrs = {
+        **_stage_identity(run_id, stage_id, stage_kind, QUEUE_KIND),
+        **otel_attributes(attributes),
+        SPAN_KIND_ATTRIBUTE: QUEUE_KIND,
+    }
     _fill_clocks(
         attrs,
         {CLOCK_ATTRIBUTES[0]: _ms(started_at - enqueued_at), CLOCK_ATTRIBUTES[1]: 0},
@@ -472,7 +537,7 @@ def execution_span(
     span = get_tracer().start_span(
         EXECUTION_SPAN_NAME,
         context=context_from(carrier),
-        attributes=_stage_identity(run_id, stage_id, stage_kind),
+        attributes=_stage_identity(run_id, stage_id, stage_kind, EXECUTION_KIND),
         start_time=_ns(started_at),
     )
     handle = StageSpan(span, started_at)
@@ -546,6 +611,7 @@ def attempt_span(
     """
     attrs = otel_attributes(
         {
+            SPAN_KIND_ATTRIBUTE: ATTEMPT_KIND,
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider_id,
             "gen_ai.request.model": model,
@@ -559,6 +625,87 @@ def attempt_span(
         f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs, start_time=_ns(started_at)
     )
     handle = AttemptSpan(span, started_at)
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield handle
+    except BaseException as exc:
+        if not handle.ended:
+            at = _fallback_now(started_at)
+            _record_failure(span, exc, at)
+            handle.finish(at)
+        raise
+    finally:
+        otel_context.detach(token)
+        if not handle.ended:
+            handle.finish(_fallback_now(started_at))
+
+
+class ToolSpan:
+    """Handle of one tool call (an ``execute_tool <tool>`` span)."""
+
+    def __init__(self, span: trace.Span, started_at: datetime) -> None:
+        self.span = span
+        self.started_at = started_at
+        self.ended = False
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.span.set_attributes(otel_attributes(attributes))
+
+    def finish(
+        self,
+        ended_at: datetime,
+        *,
+        effect: Any = None,
+        error: Any = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record the effect (``succeeded``/``failed``/``refused``/``unknown``) and end;
+        idempotent. ``failed`` and ``refused`` mark the span as an error."""
+        if self.ended:
+            return
+        attrs = otel_attributes({**(attributes or {}), "governance.tool.effect": effect})
+        effect_words = attrs.get("governance.tool.effect")
+        if effect_words in TOOL_ERROR_EFFECTS:
+            attrs.setdefault("error.type", str(effect_words))
+            self.span.set_status(Status(StatusCode.ERROR, str(error or effect_words)[:500]))
+        self.span.set_attributes(attrs)
+        self.ended = True
+        self.span.end(end_time=_ns(max(ended_at, self.started_at)))
+
+
+TOOL_ERROR_EFFECTS = frozenset({"failed", "refused"})
+
+
+@contextmanager
+def tool_span(
+    *,
+    tool: Any,
+    started_at: datetime,
+    call_id: Any = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[ToolSpan]:
+    """One tool call under the current (execution) span.
+
+    Named and attributed after the GenAI ``execute_tool`` span (``gen_ai.tool.*``).
+    ``gen_ai.operation.name`` is left out on purpose: the run page draws any
+    span with it as a provider attempt. If the block raises before
+    ``.finish()``, the exception is recorded and the span ends at the injected
+    clock's now.
+    """
+    attrs = otel_attributes(
+        {
+            **(attributes or {}),
+            SPAN_KIND_ATTRIBUTE: TOOL_KIND,
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": call_id,
+            "governance.run_id": otel_context.get_value(_RUN_ID_KEY),
+            "governance.stage_id": otel_context.get_value(_STAGE_ID_KEY),
+        }
+    )
+    span = get_tracer().start_span(
+        f"execute_tool {tool}", attributes=attrs, start_time=_ns(started_at)
+    )
+    handle = ToolSpan(span, started_at)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield handle
@@ -640,9 +787,12 @@ def observe_clocks(stage_kind: Any, clocks_ms: Mapping[str, Any] | Any, **attrib
 
 __all__ = [
     "CLOCK_ATTRIBUTES",
+    "GOVERNANCE_SPAN_KINDS",
+    "SPAN_KIND_ATTRIBUTE",
     "AttemptSpan",
     "PinnedIdGenerator",
     "StageSpan",
+    "ToolSpan",
     "attempt_span",
     "clock_attributes",
     "context_from",
@@ -651,9 +801,12 @@ __all__ = [
     "end_run_span",
     "execution_span",
     "get_tracer",
+    "is_governance_span",
     "new_run_trace",
     "observe_clocks",
     "record_queue_span",
+    "stored_in_span_store",
+    "tool_span",
     "use_meter_provider",
     "use_tracer_provider",
 ]

@@ -443,3 +443,135 @@ def test_r6_1_naive_times_are_refused(spans):
     carrier = new_run_trace(RUN_ID, thread_id="th-1", segment_key="seg")
     with pytest.raises(ValueError, match="timezone-aware"):
         end_run_span(carrier, run_id=RUN_ID, started_at=datetime(2041, 1, 1), ended_at=T0)
+
+
+# --------------------------------------------------------------------------- what the store keeps
+
+
+class _SeeingSampler:
+    """Records the attributes each span has when the sampler is asked."""
+
+    def __init__(self):
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+        self.inner = ALWAYS_ON
+        self.seen: dict[str, dict] = {}
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, *rest):
+        self.seen[name] = dict(attributes or {})
+        return self.inner.should_sample(parent_context, trace_id, name, kind, attributes, *rest)
+
+    def get_description(self):
+        return "seeing"
+
+
+def test_r6_1_every_governance_span_is_marked_from_its_start():
+    """R6.1: run, queue, execution, attempt and tool spans carry
+    governance.span.kind (a closed set) and the run id when they START, so the
+    sampler and the span store decide by that mark, never by a name."""
+    from tasks.instrumentation import (
+        GOVERNANCE_SPAN_KINDS,
+        SPAN_KIND_ATTRIBUTE,
+        is_governance_span,
+        stored_in_span_store,
+        tool_span,
+    )
+
+    sampler = _SeeingSampler()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentation.use_tracer_provider(provider)
+    try:
+        carrier = new_run_trace(RUN_ID, thread_id="th-1", segment_key="seg")
+        started = T0 + timedelta(seconds=1)
+        record_queue_span(
+            carrier,
+            run_id=RUN_ID,
+            stage_id="st-1",
+            stage_kind="tool_call",
+            enqueued_at=T0,
+            started_at=started,
+            attributes={**clocks(), SPAN_KIND_ATTRIBUTE: "not-a-kind"},
+        )
+        with execution_span(
+            carrier, run_id=RUN_ID, stage_id="st-1", stage_kind="tool_call", started_at=started
+        ) as stage:
+            with attempt_span(
+                provider_id="p", kind="primary", model="m", started_at=started, segment_key="s"
+            ) as attempt:
+                attempt.finish(started)
+            with tool_span(tool="calculator", call_id="c-1", started_at=started) as tool:
+                tool.finish(started + timedelta(seconds=1), effect="succeeded")
+            stage.end(started + timedelta(seconds=2))
+        end_run_span(carrier, run_id=RUN_ID, started_at=T0, ended_at=T0 + timedelta(seconds=4))
+        with instrumentation.get_tracer().start_as_current_span("SELECT"):
+            pass
+    finally:
+        instrumentation.use_tracer_provider(None)
+        provider.shutdown()
+
+    expected = {
+        "governance.run": "run",
+        "governance.stage.queue": "stage.queue",
+        "governance.stage.execution": "stage.execution",
+        "chat m": "attempt",
+        "execute_tool calculator": "tool",
+    }
+    assert set(expected.values()) == GOVERNANCE_SPAN_KINDS
+    for name, kind in expected.items():
+        assert sampler.seen[name][SPAN_KIND_ATTRIBUTE] == kind, name
+        assert is_governance_span(sampler.seen[name])
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    for name in expected:
+        assert stored_in_span_store(finished[name].attributes), name
+        assert finished[name].attributes["governance.run_id"] == RUN_ID
+    assert not is_governance_span(sampler.seen["SELECT"])
+    assert not stored_in_span_store(finished["SELECT"].attributes)
+    # A mark without a run, or an unknown kind, is not the store's.
+    assert not stored_in_span_store({SPAN_KIND_ATTRIBUTE: "attempt"})
+    assert not stored_in_span_store({SPAN_KIND_ATTRIBUTE: "sql", "governance.run_id": RUN_ID})
+
+
+def test_r6_1_tool_span_is_a_child_of_the_execution_span_with_its_effect(spans, manual_clock):
+    """R6.1: a tool call is an ``execute_tool <tool>`` span under the execution
+    span; a failed or refused effect is an error, an exception is recorded."""
+    from tasks.instrumentation import tool_span
+
+    carrier = new_run_trace(RUN_ID, thread_id="th-1", segment_key="seg")
+    manual_clock.set(T0 + timedelta(seconds=9))
+    with execution_span(
+        carrier, run_id=RUN_ID, stage_id="st-7", stage_kind="tool_call", started_at=T0
+    ) as stage:
+        with tool_span(tool="kb_search", call_id="c-2", started_at=T0) as tool:
+            tool.finish(T0 + timedelta(seconds=1), effect="refused", error="quota used up")
+        with (
+            pytest.raises(RuntimeError, match="tool blew up"),
+            tool_span(tool="webhook", started_at=T0 + timedelta(seconds=1)),
+        ):
+            raise RuntimeError("tool blew up")
+        with tool_span(tool="calculator", call_id="c-3", started_at=T0) as tool:
+            tool.finish(T0 + timedelta(seconds=2), effect="succeeded")
+        stage.end(T0 + timedelta(seconds=3))
+
+    (execution,) = by_name(spans, "governance.stage.execution")
+    (refused,) = by_name(spans, "execute_tool kb_search")
+    (crashed,) = by_name(spans, "execute_tool webhook")
+    (fine,) = by_name(spans, "execute_tool calculator")
+    for span in (refused, crashed, fine):
+        assert span.parent.span_id == execution.context.span_id
+        assert span.attributes["governance.run_id"] == RUN_ID
+        assert span.attributes["governance.stage_id"] == "st-7"
+        # The run page draws gen_ai.operation.name spans as provider attempts.
+        assert "gen_ai.operation.name" not in span.attributes
+    assert refused.attributes["gen_ai.tool.name"] == "kb_search"
+    assert refused.attributes["gen_ai.tool.call.id"] == "c-2"
+    assert refused.attributes["governance.tool.effect"] == "refused"
+    assert refused.attributes["error.type"] == "refused"
+    assert refused.status.status_code is StatusCode.ERROR
+    assert refused.status.description == "quota used up"
+    assert crashed.status.status_code is StatusCode.ERROR
+    assert crashed.end_time == ns(T0 + timedelta(seconds=9))
+    assert [e.name for e in crashed.events] == ["exception"]
+    assert fine.status.status_code is StatusCode.UNSET
+    assert fine.end_time - fine.start_time == 2 * 10**9
