@@ -203,7 +203,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "prune-span-store": {
         "task": "tasks.span_store.prune_span_store",
-        "schedule": 3600.0,
+        "schedule": float(env_int("SPAN_STORE_PRUNE_SECONDS", 300, minimum=10)),
         "options": {"expires": 600},
     },
     # R7.3: completion callbacks whose retry is due (or whose worker died).
@@ -299,10 +299,33 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME") or "agent-governance"
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT")
 # "console" prints spans; anything else exports nowhere unless OTLP is set.
 OTEL_TRACES_EXPORTER = (env_str("OTEL_TRACES_EXPORTER") or "none").lower()
-# The embedded span store (a run's trace in the dashboard without a collector).
+# Spans that are not the run's own (Django requests, SQL statements, Celery
+# tasks, HTTP client calls) exist only when an exporter is configured (OTLP or
+# console) and are sampled ParentBased(TraceIdRatioBased(ratio)): the fraction
+# of new traces exported, 0..1. The run, stage, attempt and tool spans are
+# always recorded for the span store; in OTLP they follow their trace's
+# decision. OTEL_TRACES_SAMPLER is not read: the sampler is always this one.
+OTEL_TRACES_SAMPLER_ARG = env_float("OTEL_TRACES_SAMPLER_ARG", 1.0, minimum=0)
+if OTEL_TRACES_SAMPLER_ARG > 1:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"OTEL_TRACES_SAMPLER_ARG must be at most 1, not {OTEL_TRACES_SAMPLER_ARG}"
+    )
+# The embedded span store (tasks/span_store.py): the spans the run page draws.
 GOVERNANCE_SPAN_STORE = env_bool("GOVERNANCE_SPAN_STORE", True)
+# The cap, by age and by count: checked by the writer every
+# SPAN_STORE_PRUNE_EVERY_ROWS rows it writes, and by the beat job every
+# SPAN_STORE_PRUNE_SECONDS (CELERY_BEAT_SCHEDULE above); oldest deleted first.
 SPAN_STORE_MAX_AGE_HOURS = env_int("SPAN_STORE_MAX_AGE_HOURS", 72, minimum=1)
 SPAN_STORE_MAX_ROWS = env_int("SPAN_STORE_MAX_ROWS", 200000, minimum=1000)
+SPAN_STORE_PRUNE_EVERY_ROWS = env_int("SPAN_STORE_PRUNE_EVERY_ROWS", 1000, minimum=1)
+# A stage's spans are written in one INSERT this long after its execution span
+# (or the run span) ends, so stages ending within it share the INSERT; a span
+# no stage end carries along (a stage still running) at the latest
+# SPAN_STORE_FLUSH_INTERVAL_MS after it ended.
+SPAN_STORE_FLUSH_DELAY_MS = env_int("SPAN_STORE_FLUSH_DELAY_MS", 50, minimum=0)
+SPAN_STORE_FLUSH_INTERVAL_MS = env_int("SPAN_STORE_FLUSH_INTERVAL_MS", 5000, minimum=10)
 
 LOGGING = {
     "version": 1,
