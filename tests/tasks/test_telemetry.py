@@ -97,3 +97,146 @@ def test_none_mode_exports_nothing_but_still_traces(settings, collector):
     tracer_provider.shutdown()
     meter_provider.shutdown()
     assert received == []
+
+
+# --------------------------------------------------------------------------- what goes where
+
+
+def exported_spans(received) -> list:
+    out = []
+    for path, body, _ in received:
+        if path != "/v1/traces":
+            continue
+        request = ExportTraceServiceRequest.FromString(body)
+        out.extend(s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+    return out
+
+
+def is_sql(span) -> bool:
+    for attribute in span.attributes:
+        if attribute.key in ("db.system", "db.system.name"):
+            return attribute.value.string_value == "postgresql"
+    return False
+
+
+@pytest.fixture
+def otlp_and_store(settings, collector):
+    endpoint, received = collector
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = endpoint
+    settings.GOVERNANCE_SPAN_STORE = True
+    settings.OTEL_TRACES_SAMPLER_ARG = 1.0
+    return received
+
+
+@pytest.mark.django_db(transaction=True)
+def test_r6_1_sql_http_and_request_spans_go_to_otlp_never_to_the_store(otlp_and_store):
+    """R6.1: with an OTLP endpoint, a stage's SQL statements (real psycopg
+    instrumentation), its HTTP client call and the Celery/request spans are
+    exported to the (loopback) collector; the span store keeps only the run,
+    stage, attempt and tool spans."""
+    from governance.models import SpanRecord
+    from tests.tasks.test_span_store import (
+        STAGE_NAMES,
+        record_stage,
+        sql_http_celery_and_request_spans,
+    )
+
+    received = otlp_and_store
+    tracer_provider, meter_provider = build_providers("worker")
+    try:
+        record_stage(tracer_provider, during=sql_http_celery_and_request_spans)
+        assert tracer_provider.force_flush(10_000)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    assert set(SpanRecord.objects.values_list("name", flat=True)) == STAGE_NAMES
+    spans = exported_spans(received)
+    names = {s.name for s in spans}
+    assert names >= STAGE_NAMES  # the run's own spans are exported too
+    sql = [s for s in spans if is_sql(s)]
+    assert len(sql) >= 2, names  # the ORM query and the cursor's SELECT 1
+    assert {"POST", "run/tasks.stages.execute_stage"} <= names
+    assert "POST api/v1/threads/<str:thread_id>/runs" in names
+    # The SQL spans hang under the stage: one trace, as a collector shows it.
+    assert {s.trace_id for s in sql} == {s.trace_id for s in spans if s.name == "governance.run"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_r6_1_sampling_never_takes_a_stage_from_the_store(otlp_and_store, settings):
+    """R6.1: OTEL_TRACES_SAMPLER_ARG=0 samples every trace out of OTLP — the
+    SQL and HTTP spans are not even recorded — but the run's spans are still
+    recorded and stored."""
+    from governance.models import SpanRecord
+    from tests.tasks.test_span_store import (
+        STAGE_NAMES,
+        record_stage,
+        sql_http_celery_and_request_spans,
+    )
+
+    received = otlp_and_store
+    settings.OTEL_TRACES_SAMPLER_ARG = 0.0
+    tracer_provider, meter_provider = build_providers("worker")
+    try:
+        carrier = record_stage(tracer_provider, during=sql_http_celery_and_request_spans)
+        assert tracer_provider.force_flush(10_000)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    assert carrier["traceparent"].endswith("-00")  # the run's trace is not sampled
+    assert set(SpanRecord.objects.values_list("name", flat=True)) == STAGE_NAMES
+    assert exported_spans(received) == []
+
+
+def test_r6_1_the_sampler_records_governance_spans_and_samples_the_rest(settings):
+    """R6.1: ParentBased(TraceIdRatio) for everything; a governance span the
+    ratio drops is RECORD_ONLY (kept for the store, not flagged sampled), and
+    what runs under it follows it out of OTLP."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    from tasks.instrumentation import SPAN_KIND_ATTRIBUTE
+    from tasks.telemetry import GovernanceSampler, make_sampler
+
+    def decide(sampler, attributes, parent=None):
+        return sampler.should_sample(parent, 0xABC, "x", attributes=attributes)
+
+    marked = {SPAN_KIND_ATTRIBUTE: "stage.execution", "governance.run_id": "r"}
+    for ratio, plain in ((0.0, Decision.DROP), (1.0, Decision.RECORD_AND_SAMPLE)):
+        settings.OTEL_TRACES_SAMPLER_ARG = ratio
+        sampler = make_sampler(exporting=True)
+        assert isinstance(sampler, GovernanceSampler)
+        assert "TraceIdRatioBased" in sampler.get_description()
+        assert decide(sampler, {"db.system": "postgresql"}).decision is plain
+        result = decide(sampler, marked)
+        assert result.decision.is_recording()
+        assert dict(result.attributes) == marked  # the attributes survive the ratio
+        assert result.decision.is_sampled() == (ratio == 1.0)
+    settings.OTEL_TRACES_SAMPLER_ARG = 1.0
+    # No exporter: only the run's spans are recorded at all.
+    quiet = make_sampler(exporting=False)
+    assert decide(quiet, {"db.system": "postgresql"}).decision is Decision.DROP
+    assert decide(quiet, marked).decision is Decision.RECORD_ONLY
+
+
+def test_r6_1_a_child_of_an_unsampled_governance_span_is_dropped(settings):
+    """R6.1: SQL under a RECORD_ONLY stage span is not recorded (ParentBased)."""
+    from opentelemetry import trace
+
+    from tasks.instrumentation import SPAN_KIND_ATTRIBUTE
+
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = "http://127.0.0.1:9"  # never reached
+    settings.OTEL_TRACES_SAMPLER_ARG = 0.0
+    tracer_provider, meter_provider = build_providers("worker")
+    try:
+        tracer = tracer_provider.get_tracer("tests")
+        stage = tracer.start_span(
+            "governance.stage.execution",
+            attributes={SPAN_KIND_ATTRIBUTE: "stage.execution", "governance.run_id": "r"},
+        )
+        assert stage.is_recording() and not stage.get_span_context().trace_flags.sampled
+        child = tracer.start_span("SELECT", context=trace.set_span_in_context(stage))
+        assert not child.is_recording()
+        child.end()
+        stage.end()
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
