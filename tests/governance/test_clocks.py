@@ -486,3 +486,72 @@ def test_r6_1_stream_events_are_progress_only_when_business_progress(kind, progr
     from governance.rules.run_clocks import stream_event_is_progress
 
     assert stream_event_is_progress(kind) is progress
+
+
+# --- R6.1 one attempt's allowance ---------------------------------------------------------
+
+
+def _allowance(**kw):
+    from governance.rules.run_clocks import attempt_allowance
+
+    base = dict(
+        stage_budget_s=120.0,
+        deadline_at=T0 + HOUR,
+        run_started_at=T0,
+        last_progress_at=T0,
+        no_progress_limit_s=600.0,
+    )
+    return attempt_allowance(**{**base, **kw})
+
+
+def test_r6_1_an_attempts_budget_is_the_stage_budget_capped_by_the_deadline():
+    far = _allowance(now=T0 + MIN)
+    assert far.budget_s == 120.0 and not far.deadline_bound
+    near = _allowance(now=T0 + 59 * MIN)
+    assert near.budget_s == 60.0 and near.deadline_bound
+    # Past the deadline nothing is left: the adapter cuts at once.
+    past = _allowance(now=T0 + 2 * HOUR)
+    assert 0 < past.budget_s <= 0.001 and past.deadline_bound
+
+
+def test_r6_1_the_no_progress_allowance_runs_from_the_runs_latest_progress():
+    kw = dict(no_progress_limit_s=120.0, last_progress_at=T0 + 9 * MIN, stage_budget_s=300.0)
+    assert _allowance(now=T0 + 10 * MIN, **kw).no_progress_s == 60.0
+    # A new attempt does not restart the clock: it gets what is left.
+    assert _allowance(now=T0 + 10 * MIN + 30 * S, **kw).no_progress_s == 30.0
+    assert _allowance(now=T0 + 20 * MIN, **kw).no_progress_s == 0.001
+
+
+def test_r6_1_the_one_finalization_gets_its_own_no_progress_allowance():
+    started = T0 + 50 * MIN
+    kw = dict(no_progress_limit_s=120.0, stage_budget_s=300.0, own_allowance_since=started)
+    own = _allowance(now=started + 30 * S, **kw)
+    assert own.no_progress_s == 90.0  # from the finalization's start, not from T0
+    assert own.budget_s == 300.0
+    # ... still capped by the deadline.
+    late = _allowance(now=T0 + 58 * MIN, **kw)
+    assert late.budget_s == 120.0 and late.deadline_bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 7200),  # now, seconds after the run started
+    st.integers(1, 900),  # stage budget
+    st.integers(1, 3600),  # deadline, seconds after the run started
+    st.integers(0, 7200),  # latest progress
+    st.integers(1, 900),  # no-progress limit
+)
+def test_r6_1_no_attempt_may_wait_past_the_end_of_the_run(now_s, budget, deadline, progress, limit):
+    progress = min(progress, now_s)
+    allowance = _allowance(
+        now=T0 + now_s * S,
+        stage_budget_s=float(budget),
+        deadline_at=T0 + deadline * S,
+        last_progress_at=T0 + progress * S,
+        no_progress_limit_s=float(limit),
+    )
+    left = deadline - now_s
+    assert allowance.budget_s == pytest.approx(max(min(budget, left), 0.001))
+    assert allowance.deadline_bound is (left < budget)
+    assert allowance.no_progress_s == pytest.approx(max(limit - (now_s - progress), 0.001))
+    assert allowance.budget_s > 0 and allowance.no_progress_s > 0

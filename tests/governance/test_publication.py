@@ -620,3 +620,54 @@ def test_r7_4_property_empty_only_when_everything_agrees(p, honest, data):
     assert (found == ()) == everything_agrees(settlement, p, callback, effects)
     assert all(d.code in DISCREPANCY_CODES for d in found)
     assert len({d.code for d in found}) == len(found)
+
+
+# --- R7.2 commit_body / newly_sent: the chunks of one answered turn ------------------
+
+
+def test_r7_2_commit_body_generates_then_commits_the_next_chunks_the_last_final():
+    p, ids = pub.commit_body(Publication(), 3)
+    assert ids == (1, 2, 3)
+    assert p.generated_ids == p.committed_ids == {1, 2, 3}
+    assert p.final_chunk_id == 3 and p.body_complete
+    assert [p.chunk(i).committed_version for i in ids] == [1, 2, 3]
+    assert p.sent_ids == set() and p.observed_ids == set()  # committed is not sent
+
+
+def test_r7_2_commit_body_continues_after_the_committed_prefix():
+    before = commit_chunk(generate_chunk(Publication(), 1), 1, 1)
+    after, ids = pub.commit_body(before, 2)
+    assert ids == (2, 3)
+    assert after.chunk(1) == before.chunk(1)  # the committed first chunk stays as it was
+    assert after.final_chunk_id == 3 and after.committed_ids == {1, 2, 3}
+
+
+@pytest.mark.parametrize("count", [0, -1, True, 1.0, None])
+def test_r7_2_a_body_has_at_least_one_chunk(count):
+    with pytest.raises(PublicationError):
+        pub.commit_body(Publication(), count)
+
+
+def test_r7_2_a_body_that_ended_takes_no_more_chunks():
+    done, _ids = pub.commit_body(Publication(), 1)
+    with pytest.raises(PublicationError):
+        pub.commit_body(done, 1)
+
+
+def test_r7_2_newly_sent_names_committed_chunks_not_sent_before():
+    p = body(4, committed=3, sent=[1])
+    assert pub.newly_sent(p, [3, 2, 2, 1, 4, 9, 0]) == (2, 3)
+    assert pub.newly_sent(p, []) == ()
+    assert pub.newly_sent(p, [1]) == ()  # a repeat changes nothing
+    assert pub.newly_sent(p, [4]) == ()  # never committed: cannot be sent
+    assert p.sent_ids == {1}  # newly_sent reads the facts; it records nothing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_r7_2_newly_sent_is_the_committed_chunks_not_yet_sent(total, data):
+    committed = data.draw(st.integers(0, total))
+    sent = data.draw(st.sets(st.integers(1, committed))) if committed else set()
+    p = body(total, committed=committed, sent=sorted(sent))
+    ids = data.draw(st.lists(st.integers(-2, total + 2), max_size=10))
+    assert pub.newly_sent(p, ids) == tuple(sorted(set(ids) & (p.committed_ids - p.sent_ids)))

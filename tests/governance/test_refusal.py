@@ -387,3 +387,43 @@ def test_r6_3_every_provider_frozen_only_when_no_rule_can_bring_one_back():
     assert not every_provider_frozen([], {}, at(1))
     legacy = ProviderRefusal("b", refusals=None)
     assert every_provider_frozen(["openai", "b"], {"openai": frozen, "b": legacy}, at(1))
+
+
+# --- R6.3 the no-eligible-provider alert -----------------------------------------------
+
+
+def _no_eligible(refusals, provider_ids=("openai", "b"), now=None):
+    from governance.rules.refusal import no_eligible_provider_notice
+
+    return no_eligible_provider_notice(
+        run_id="run-1",
+        segment_key="s#1",
+        provider_ids=provider_ids,
+        refusals=refusals,
+        now=now or at(5),
+        boundary_action_needed="compact, fresh start or switch model: a new segment helps",
+    )
+
+
+def test_r6_3_no_eligible_provider_alerts_when_every_provider_is_frozen():
+    frozen = {"openai": refused(4), "b": refused(4, provider="b")}
+    notice = _no_eligible(frozen, provider_ids=("openai", "b"))
+    assert notice is not None and notice.severity == "critical"
+    assert notice.dedupe_key == "no-eligible-provider:s#1"
+    assert notice.provider_ids == ("b", "openai") and notice.segment_key == "s#1"
+    assert notice.reprobes == MAX_REFUSAL_REPROBES
+    assert RULE_TEXT in notice.text and "run-1" in notice.text
+    assert "switch model" in notice.text  # it names the boundary action needed
+
+
+def test_r6_3_r3_6_a_cooling_or_eligible_provider_pages_nobody():
+    """R3.6: cooling providers come back by themselves: the run may settle, but no one is paged."""
+    frozen = refused(4)
+    assert _no_eligible({"openai": frozen, "b": refused(1, provider="b")}) is None  # cooling
+    assert _no_eligible({"openai": frozen}) is None  # b has no refusal state: eligible
+    assert _no_eligible({}, provider_ids=()) is None
+
+
+def test_r6_3_r3_4_a_legacy_row_counts_as_frozen_for_the_alert():
+    legacy = ProviderRefusal("b", refusals=None)
+    assert _no_eligible({"openai": refused(4), "b": legacy}) is not None

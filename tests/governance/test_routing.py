@@ -436,3 +436,81 @@ def test_r3_3_refused_at_is_the_moment_of_the_refusal_not_the_turn_start():
     assert outcome.refusals["a"].refused_at == T0 + timedelta(minutes=3)
     verdict = refusal_verdict(outcome.refusals["a"], T0 + timedelta(minutes=16))
     assert verdict.state == "cooling"  # 15 min after the refusal, not after the turn began
+
+
+# --- the turn's chain, and the stops that end a turn --------------------------------------
+
+
+MODELS = {"a": "model-a", "b": "model-b", "c": "model-c"}
+
+
+def test_r1_2_r8_3_the_segments_model_goes_first_to_the_provider_that_serves_it():
+    """R8.3: a model switch moves the provider serving the new model first."""
+    from governance.rules.routing import turn_chain
+
+    assert turn_chain(["a", "b", "c"], MODELS, "model-c") == (
+        ChainEntry("c", "model-c"),
+        ChainEntry("a", "model-a"),
+        ChainEntry("b", "model-b"),
+    )
+    assert turn_chain(["a", "b", "c"], MODELS, "model-a") == (
+        ChainEntry("a", "model-a"),
+        ChainEntry("b", "model-b"),
+        ChainEntry("c", "model-c"),
+    )
+
+
+def test_r1_2_unknown_providers_are_left_out_and_models_stay_configured():
+    from governance.rules.routing import turn_chain
+
+    chain = turn_chain(["x", "a", "b"], {"a": "model-a", "b": "model-b"}, "model-b")
+    assert chain == (ChainEntry("b", "model-b"), ChainEntry("a", "model-a"))
+    assert turn_chain(["a", "b"], MODELS, "") == (
+        ChainEntry("a", "model-a"),
+        ChainEntry("b", "model-b"),
+    )
+    # Two providers serve the model: the first of the chain goes first, the other stays put.
+    twins = {"a": "model-a", "b": "m", "c": "m"}
+    assert [e.provider_id for e in turn_chain(["a", "b", "c"], twins, "m")] == ["b", "a", "c"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcdef"), unique=True, min_size=1, max_size=6),
+    st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(["m1", "m2", "m3"])),
+    st.sampled_from(["m1", "m2", "m3"]),
+)
+def test_r1_2_turn_chain_reorders_known_providers_and_keeps_the_rest_in_order(ids, models, seg):
+    from governance.rules.routing import turn_chain
+
+    chain = turn_chain(ids, models, seg)
+    known = [pid for pid in ids if pid in models]
+    assert sorted(e.provider_id for e in chain) == sorted(known)
+    serving = [pid for pid in known if models[pid] == seg]
+    if serving:
+        assert chain[0] == ChainEntry(serving[0], seg)
+        rest = [pid for pid in known if pid != serving[0]]
+    else:
+        rest = [e.provider_id for e in chain[1:]]
+    assert [e.provider_id for e in chain[1:]] == rest
+    assert all(e.model == models[e.provider_id] for e in chain[1:])
+
+
+@pytest.mark.parametrize("failure", ["cancelled", "not_permitted"])
+def test_r4_3_a_stop_or_a_missing_permission_ends_the_turn_without_falling_back(failure):
+    fake = FakeProviders({"a": AttemptOutcome("failed", failure_class=failure), "b": ACCEPT})
+    outcome = turn(fake, {}, T0)
+    assert (outcome.result, outcome.failure_class) == ("failed", failure)
+    assert fake.log == [("a", "original")] and fake.requests["b"] == 0
+    assert outcome.refusals == {} and outcome.recorded == () and outcome.notices == ()
+
+
+def test_r3_3_a_stop_during_the_quarantine_records_no_segment_refusal():
+    def answer(_candidate, kind):
+        return REFUSE if kind == "original" else AttemptOutcome("failed", failure_class="cancelled")
+
+    fake = FakeProviders({"a": answer, "b": ACCEPT})
+    outcome = turn(fake, {}, T0)
+    assert fake.log == [("a", "original"), ("a", "re_render")]
+    assert outcome.recorded == () and outcome.refusals == {} and outcome.notices == ()
+    assert outcome.result == "failed" and outcome.failure_class == "cancelled"
