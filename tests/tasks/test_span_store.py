@@ -695,6 +695,20 @@ def test_r6_1_count_prune_deletes_oldest_first_in_bounded_batches():
     assert kept == [f"span-{i}" for i in range(40, 50)]
 
 
+@pytest.mark.django_db
+def test_r6_1_count_check_under_the_cap_is_two_index_lookups():
+    """R6.1: while the store is certainly under the cap (max(id) - min(id) + 1
+    rows at most) the count check does not rank the rows."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_rows(20, start=T0 - timedelta(hours=1), step=timedelta(seconds=1))
+    with CaptureQueriesContext(connection) as queries:
+        assert prune_spans(T0, timedelta(hours=24), max_rows=20) == 0
+    assert not any("OFFSET" in q["sql"] for q in queries)
+    assert prune_spans(T0, timedelta(hours=24), max_rows=19) == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_r6_1_the_count_cap_holds_while_writing_more_than_the_cap():
     """R6.1: the writer checks the cap every prune_every_rows rows it writes, so
