@@ -245,7 +245,7 @@ GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS = env_int(
 GOVERNANCE_CALLBACK_TIMEOUT_SECONDS = env_int("GOVERNANCE_CALLBACK_TIMEOUT_SECONDS", 10, minimum=1)
 # A callback left "sending" this long lost its worker; the next attempt may go.
 GOVERNANCE_CALLBACK_LEASE_SECONDS = env_int("GOVERNANCE_CALLBACK_LEASE_SECONDS", 300, minimum=1)
-# Stage execution (tasks/runner.py): a stage claim older than this belongs to a
+# Stage execution (tasks/stages/): a stage claim older than this belongs to a
 # worker that died and may be claimed again.
 GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 600, minimum=1)
 # An unknown webhook effect is verified this long after the turn (0: at once).

@@ -25,6 +25,7 @@ from governance.models import (
     RunEvent,
     Segment,
     SegmentRefusal,
+    Stage,
 )
 from governance.rules.refusal import (
     ProviderRefusal,
@@ -349,10 +350,13 @@ def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
             ProviderAttempt.objects.filter(segment=segment).select_related("provider", "stage"),
             "started_at",
         ),
+        ("event", RunEvent.objects.filter(segment=segment, kind="llm-fallback"), "at"),
+        # A stage's two moments come from its own row (queued, then finished).
+        ("stage-queued", Stage.objects.filter(run__segment=segment), "enqueued_at"),
         (
-            "event",
-            RunEvent.objects.filter(segment=segment, kind__in=("stage", "llm-fallback")),
-            "at",
+            "stage-finished",
+            Stage.objects.filter(run__segment=segment, finished_at__isnull=False),
+            "finished_at",
         ),
         (
             "notification",
@@ -365,17 +369,12 @@ def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
 def _item(source: str, row: Any, time_field: str) -> TimelineItem:
     at = getattr(row, time_field)
     if source == "event":
-        if row.kind == "llm-fallback":
-            return TimelineItem(
-                "fallback", at, _RANK["fallback"], row.id, row, card_view(row.metadata)
-            )
-        meta = row.metadata if isinstance(row.metadata, dict) else {}
-        queued = meta.get("state") == "queued"
-        label = " ".join(
-            str(part).replace("_", " ") for part in (meta.get("kind"), meta.get("state")) if part
-        )
-        rank = _RANK["stage-queued" if queued else "stage"]
-        return TimelineItem("stage", at, rank, row.id, row, label=label)
+        return TimelineItem("fallback", at, _RANK["fallback"], row.id, row, card_view(row.metadata))
+    if source in ("stage-queued", "stage-finished"):
+        state = "queued" if source == "stage-queued" else "finished"
+        label = f"{row.kind.replace('_', ' ')} {state}"
+        rank = _RANK["stage-queued" if state == "queued" else "stage"]
+        return TimelineItem("stage", at, rank, row.id, row, {"state": state}, label=label)
     if source == "attempt":
         label = ATTEMPT_WORDS.get(row.kind, row.kind)
         return TimelineItem(source, at, _RANK[source], row.id, row, label=label)

@@ -1209,7 +1209,7 @@ def follow_up(
         follow = FollowUp(str(next_work["kind"]), dict(next_work["payload"]))  # type: ignore[arg-type]
     else:
         return None
-    if follow is not None and STAGE_OF_KIND[follow.kind] not in allowed_stages(decision):
+    if follow is not None and STAGE_OF_KIND.get(follow.kind) not in allowed_stages(decision):
         raise IllegalTransitionError(f"{decision.path!s} does not allow a {follow.kind} stage")
     return follow
 

@@ -333,7 +333,9 @@ def conclude_turn(
         "turn": outcome,
         "counts": _counts(calls, outcome),
     }
-    timeout = next((c.timeout_name for c in calls if c.timeout_name), "")
+    # The clock that ended the turn, if one of the run's own did (R6.2): an
+    # earlier attempt's stage_timeout fell back and does not name the turn.
+    timeout = outcome.failure_class if outcome.failure_class in RUN_CLOCK_CUTS else ""
     if outcome.result == "accepted":
         accepted = next(c for c in reversed(calls) if c.result == "accepted")
         return StageConclusion(**common, **_accepted(facts, calls, outcome, accepted))

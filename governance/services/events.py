@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,9 @@ from governance.models import (
     Stage,
 )
 from governance.rules import lifecycle as lc
+
+FACTS = "facts"  # the event kind of owners' facts ("fact": one fact, an older log)
+FACT_KINDS = (FACTS, "fact")
 
 
 def record_event(
@@ -76,10 +80,23 @@ def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
     )
 
 
-def fact_event(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> RunEvent:
-    """An owner's fact as an event of the run's log (R4.1), not yet written."""
-    return new_event(run, "fact", now, _fact_payload(fact), segment=run.segment, stage=stage)
+def facts_event(
+    run: Run, facts: Sequence[lc.OwnerFact], now: datetime, stage: Stage | None = None
+) -> RunEvent:
+    """The owners' facts of one write as one event of the run's log (R4.1), not
+    yet written: a stage's facts travel together, in order."""
+    return new_event(
+        run, FACTS, now, {"facts": [_fact_payload(f) for f in facts]}, segment=run.segment,
+        stage=stage,
+    )  # fmt: skip
 
 
 def record_fact(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> None:
-    fact_event(run, fact, now, stage).save()
+    facts_event(run, [fact], now, stage).save()
+
+
+def facts_of(metadata: dict[str, Any]) -> list[lc.OwnerFact]:
+    """The facts one event holds (a single-fact event of an older log too)."""
+    if "facts" in metadata:
+        return [_fact_from(payload) for payload in metadata["facts"]]
+    return [_fact_from(metadata)]

@@ -72,13 +72,11 @@ def record_provider_result(
     rng: random.Random | None = None,
 ) -> None:
     """R2.2: move the breaker on a time-based failure or a success (row lock)."""
-    with transaction.atomic():
-        row, _ = ProviderHealthState.objects.get_or_create(provider=provider)
-        row = (
-            ProviderHealthState.objects.select_for_update()
-            .select_related("provider")
-            .get(pk=row.pk)
-        )
+    with transaction.atomic(savepoint=False):
+        row = ProviderHealthState.objects.select_for_update().filter(provider=provider).first()
+        if row is None:
+            ProviderHealthState.objects.get_or_create(provider=provider)
+            row = ProviderHealthState.objects.select_for_update().get(provider=provider)
         value = provider_health(provider, row)
         if classification is None or classification.failure_class is None:
             new = health_rules.record_success(value, now)

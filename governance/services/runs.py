@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from governance.models import (
 from governance.rules import lifecycle as lc
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
-from governance.services.events import _fact_from, new_event, record_event, record_fact
+from governance.services.events import FACT_KINDS, facts_of, new_event, record_event, record_fact
 from governance.services.threads import open_segment
 
 
@@ -121,17 +122,9 @@ def submit_run(
 
 
 def enqueue_stage(run: Run, kind: str, payload: dict[str, Any], now: datetime) -> Stage:
+    """A new stage row, queued at ``now`` (its queue clock starts here, R6.1)."""
     last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
-    stage = Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
-    record_event(
-        run,
-        "stage",
-        now,
-        {"stage": stage.seq, "kind": kind, "state": "queued"},
-        segment=run.segment,
-        stage=stage,
-    )
-    return stage
+    return Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
 
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
@@ -171,21 +164,6 @@ def finish_stage(
         detail=detail[:4000],
         clocks=clocks or {},
     )
-    if changed:
-        record_event(
-            stage.run,
-            "stage",
-            now,
-            {
-                "stage": stage.seq,
-                "kind": stage.kind,
-                "state": "finished",
-                "outcome": outcome,
-                "timeout": timeout_name,
-            },
-            segment=stage.run.segment,
-            stage=stage,
-        )
     return bool(changed)
 
 
@@ -200,26 +178,34 @@ def run_goal(run: Run) -> str:
     return f"run:{run.id}"
 
 
-def run_facts(run: Run, recovery: lc.RecoveryConditions | None = None) -> lc.RunFacts:
+def run_facts(
+    run: Run,
+    recovery: lc.RecoveryConditions | None = None,
+    *,
+    extra: Sequence[lc.OwnerFact] = (),
+) -> lc.RunFacts:
+    """The lifecycle's view of a run: its owners' facts in order (``extra``: the
+    facts of a close not yet written), its phase and where finalization began
+    (kept on the decision that entered it), its settlement."""
     facts = tuple(
-        _fact_from(event.metadata) for event in run.events.filter(kind="fact").order_by("id")
-    )
+        fact
+        for metadata in run.events.filter(kind__in=FACT_KINDS)
+        .order_by("id")
+        .values_list("metadata", flat=True)
+        for fact in facts_of(metadata)
+    ) + tuple(extra)
     finalization_from = None
     if run.phase == "finalization":
-        marker = (
-            run.events.filter(kind="decision", metadata__path="finalization_only")
-            .order_by("id")
-            .first()
+        entered = next(
+            (d for d in run.decisions if d.get("path") == lc.Path.FINALIZATION_ONLY.value), {}
         )
-        finalization_from = (
-            run.events.filter(kind="fact", id__lt=marker.id).count() if marker else len(facts)
-        )
-    settlement = None
-    if hasattr(run, "settlement") and Settlement.objects.filter(run=run).exists():
-        row = run.settlement
-        settlement = lc.Settlement(
-            row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects)
-        )
+        finalization_from = min(entered.get("facts_before", len(facts)), len(facts))
+    row = Settlement.objects.filter(run=run).first()
+    settlement = (
+        lc.Settlement(row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects))
+        if row is not None
+        else None
+    )
     return lc.RunFacts(
         run_id=str(run.id),
         goal=run_goal(run),
@@ -242,27 +228,22 @@ def decision_entry(
     }
     if decision.boundary_action_needed:
         entry["boundary_action_needed"] = decision.boundary_action_needed
+    if decision.must_keep:
+        entry["must_keep"] = list(decision.must_keep)
     if facts_before is not None:
-        entry["facts_before"] = facts_before
+        entry["facts_before"] = facts_before  # where finalization began (R6.3: one way)
     return entry
 
 
 def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
-    entry = decision_entry(decision, now)
-    Run.objects.filter(id=run.id).update(decisions=[*run.decisions, entry])
-    run.decisions = [*run.decisions, entry]
-    record_event(
-        run,
-        "decision",
-        now,
-        {
-            "path": decision.path.value,
-            "reason": decision.reason,
-            "must_keep": list(decision.must_keep),
-        },
-        segment=run.segment,
+    """Keep the lifecycle's decision on the run (outside a stage's close)."""
+    entering = decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization"
+    entry = decision_entry(
+        decision, now, facts_before=len(run_facts(run).facts) if entering else None
     )
-    if decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization":
+    run.decisions = [*run.decisions, entry]
+    Run.objects.filter(id=run.id).update(decisions=run.decisions)
+    if entering:
         Run.objects.filter(id=run.id).update(phase="finalization", status=Run.Status.FINALIZING)
         run.phase = "finalization"
 
@@ -299,11 +280,12 @@ def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settleme
 
 
 def settlement_row(
-    run: Run, settlement: lc.Settlement, now: datetime, events: list
+    run: Run, settlement: lc.Settlement, now: datetime, events: list, *, known_absent: bool = False
 ) -> tuple[Settlement, bool]:
     """R6.5 inside a stage's closing transaction (the run row is locked): the
-    settlement is written once; its event joins ``events``."""
-    existing = Settlement.objects.filter(run=run).first()
+    settlement is written once; its event joins ``events``. ``known_absent``:
+    the caller read the run's settlement under the lock and there was none."""
+    existing = None if known_absent else Settlement.objects.filter(run=run).first()
     if existing is not None:
         return existing, False
     row = Settlement.objects.create(

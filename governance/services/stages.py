@@ -25,7 +25,6 @@ from django.db.models.functions import Coalesce
 
 from governance.models import (
     BodyChunk,
-    HistoryItem,
     Notification,
     Provider,
     ProviderHealthState,
@@ -46,7 +45,7 @@ from governance.rules.turns import StageConclusion
 from governance.services import callbacks
 from governance.services.alerts import emit_notice
 from governance.services.budget import budget_view
-from governance.services.events import fact_event, new_event
+from governance.services.events import FACT_KINDS, facts_event, facts_of
 from governance.services.health import apply_health_moves, provider_health
 from governance.services.refusals import (
     attempt_rows,
@@ -56,9 +55,15 @@ from governance.services.refusals import (
     segment_refusals,
     turn_memory,
 )
-from governance.services.runs import decision_entry, run_facts, settlement_row
+from governance.services.runs import (
+    claim_stage,
+    decision_entry,
+    enqueue_stage,
+    run_facts,
+    settlement_row,
+)
 from governance.services.stream import write_chunks
-from governance.services.threads import open_segment
+from governance.services.threads import append_history, open_segment
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +126,9 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
     send a due re-probe, R3.2): a later claim steps back and is re-sent.
     """
     with transaction.atomic():
-        changed = (
-            Stage.objects.filter(id=stage_id, finished_at__isnull=True)
-            .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - lease()))
-            .update(
-                deliveries=F("deliveries") + 1,
-                started_at=Coalesce(F("started_at"), now),
-                claimed_at=now,
-            )
-        )
-        if not changed:
+        stage = claim_stage(stage_id, now, lease=lease())
+        if stage is None:
             return None
-        stage = Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
         run = stage.run
         if run.status == Run.Status.QUEUED:
             Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(
@@ -159,23 +155,6 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
     return StageStart(stage)
 
 
-def claim_stage(stage_id: int, now: datetime, *, lease: timedelta | None = None) -> Stage | None:
-    """Claim without the thread check (tests and tools that drive one stage)."""
-    limit = lease if lease is not None else globals()["lease"]()
-    changed = (
-        Stage.objects.filter(id=stage_id, finished_at__isnull=True)
-        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - limit))
-        .update(
-            deliveries=F("deliveries") + 1,
-            started_at=Coalesce(F("started_at"), now),
-            claimed_at=now,
-        )
-    )
-    if not changed:
-        return None
-    return Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
-
-
 # --------------------------------------------------------------------------- gather
 
 
@@ -195,7 +174,8 @@ class TurnContext:
     last_progress_at: datetime
 
 
-def turn_context(run: Run, now: datetime) -> TurnContext:
+def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
+    """What a model turn reads, in one read transaction."""
     with transaction.atomic():
         segment = open_segment(run.thread)
         history = [
@@ -228,17 +208,15 @@ def turn_context(run: Run, now: datetime) -> TurnContext:
             verdicts[provider.provider_id] = health_rules.health_verdict(
                 value, now, provider.config_fingerprint()
             )
-        chunks = list(
+        # The body so far: a run's first stage has none by construction.
+        committed = (
             BodyChunk.objects.filter(run=run)
             .order_by("chunk_no")
-            .values_list("chunk_no", "version", "final")
+            .values_list("chunk_no", "version")
+            if stage_seq > 1
+            else ()
         )
-        publication = pub.Publication(
-            chunks=tuple(pub.ChunkFacts(no, version) for no, version, _final in chunks),
-            final_chunk_id=next((no for no, _v, final in chunks if final), None)
-            if chunks and chunks[-1][2]
-            else None,
-        )
+        publication = pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in committed))
         return TurnContext(
             segment=segment,
             session=segment.session,
@@ -249,7 +227,7 @@ def turn_context(run: Run, now: datetime) -> TurnContext:
             memory=turn_memory(list(providers), now),
             publication=publication,
             delays=reprobe_delays(),
-            last_progress_at=Run.objects.values_list("last_progress_at", flat=True).get(id=run.id),
+            last_progress_at=run.last_progress_at,  # read with the claim
         )
 
 
@@ -319,17 +297,24 @@ def _last_turn_increment(run: Run, stage: Stage | None) -> list[dict[str, Any]]:
     return list(last.payload.get("increment", [])) if last else []
 
 
-def _hold(stage: Stage) -> None:
-    # Fencing: only the holder of the current claim may close the stage. A
-    # worker whose lease ran out while it waited on a provider finds another
-    # claim here, and its whole closing transaction rolls back.
+def _hold(stage: Stage | None, run: Run) -> Run:
+    """Lock the run (and the stage) for the close; returns the run's current row.
+
+    Fencing: only the holder of the current claim may close the stage. A
+    worker whose lease ran out while it waited on a provider finds another
+    claim here, and its whole closing transaction rolls back.
+    """
+    if stage is None:
+        return Run.objects.select_for_update().get(id=run.id)
     held = (
         Stage.objects.select_for_update()
+        .select_related("run")
         .filter(id=stage.id, finished_at__isnull=True, claimed_at=stage.claimed_at)
-        .exists()
+        .first()
     )
-    if not held:
+    if held is None:
         raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
+    return held.run
 
 
 def close_stage(
@@ -349,9 +334,7 @@ def close_stage(
     """
     run = run if run is not None else stage.run
     with transaction.atomic():
-        if stage is not None:
-            _hold(stage)
-        locked = Run.objects.select_for_update().get(id=run.id)
+        locked = _hold(stage, run)
         run.decisions, run.phase, run.status = locked.decisions, locked.phase, locked.status
         run.last_progress_at = locked.last_progress_at
         segment = context.segment if context is not None else run.segment
@@ -369,13 +352,18 @@ def close_stage(
         for receipt in conclusion.receipts:
             _close_receipt(receipt, now)
         if conclusion.history:
-            _append_history(context.session, conclusion.history, run, now)
+            # One turn at a time per thread: nothing else appended since the gather.
+            append_history(
+                context.session, conclusion.history, run=run, now=now,
+                last_seq=len(context.history),
+            )  # fmt: skip
         if conclusion.chunks:
             write_chunks(run, conclusion.chunks, now, events)
         progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
         if conclusion.progress:
             progress = max(progress, now)
-        events += [fact_event(run, fact, now, stage) for fact in conclusion.facts]
+        if conclusion.facts:
+            events.append(facts_event(run, conclusion.facts, now, stage))
         clocks = {}
         if stage is not None:
             stage.finished_at = now
@@ -389,7 +377,6 @@ def close_stage(
             )
             stage.outcome, stage.clocks = conclusion.outcome, clocks
             stage.timeout_name = conclusion.timeout_name
-            events.append(_stage_finished(run, stage, now))
         for other in abandoned:
             if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
                 finished_at=now,
@@ -399,14 +386,13 @@ def close_stage(
                 clocks={},
             ):
                 other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
-                events.append(_stage_finished(run, other, now))
-        RunEvent.objects.bulk_create(events)
-        events = []
         if progress > run.last_progress_at:
             run.last_progress_at = progress
-        closed.decision = decision = _decide(run, stage, conclusion, now, events)
+        closed.decision = decision = _decide(run, stage, conclusion, now)
         if decision.path is lc.Path.SETTLE:
-            row, created = settlement_row(run, decision.settlement, now, events)
+            row, created = settlement_row(
+                run, decision.settlement, now, events, known_absent=run.phase != "settled"
+            )
             closed.settled = created
             if created:
                 # R7.3: the callback row is written with the settlement and
@@ -426,32 +412,15 @@ def close_stage(
     return closed
 
 
-def _stage_finished(run: Run, stage: Stage, now: datetime) -> RunEvent:
-    return new_event(
-        run,
-        "stage",
-        now,
-        {
-            "stage": stage.seq,
-            "kind": stage.kind,
-            "state": "finished",
-            "outcome": stage.outcome,
-            "timeout": stage.timeout_name,
-        },
-        segment=run.segment,
-        stage=stage,
-    )
-
-
 def _decide(
     run: Run,
     stage: Stage | None,
     conclusion: StageConclusion,
     now: datetime,
-    events: list[RunEvent],
 ) -> lc.Decision:
-    """Ask the lifecycle (R6.3) with every fact recorded, and start what it allows."""
-    facts = run_facts(run)
+    """Ask the lifecycle (R6.3) with every fact recorded — this stage's too,
+    written in the same transaction — and start what it allows."""
+    facts = run_facts(run, extra=conclusion.facts)
     if lc.needs_recovery_conditions(facts.facts):
         facts = lc.RunFacts(
             run_id=facts.run_id, goal=facts.goal, facts=facts.facts, phase=facts.phase,
@@ -460,17 +429,10 @@ def _decide(
         )  # fmt: skip
     decision = lc.next_path(facts)
     after = lc.apply_decision(facts, decision)  # one way: finalization never returns (R6.3)
-    entry = decision_entry(decision, now, facts_before=len(facts.facts))
+    entering = after.phase is lc.Phase.FINALIZATION and run.phase != "finalization"
+    entry = decision_entry(decision, now, facts_before=len(facts.facts) if entering else None)
     run.decisions = [*run.decisions, entry]
-    events.append(
-        new_event(
-            run, "decision", now,
-            {"path": decision.path.value, "reason": decision.reason,
-             "must_keep": list(decision.must_keep)},
-            segment=run.segment,
-        )
-    )  # fmt: skip
-    if after.phase is lc.Phase.FINALIZATION and run.phase != "finalization":
+    if entering:
         run.phase, run.status = "finalization", Run.Status.FINALIZING
     if decision.path is lc.Path.SETTLE:
         return decision
@@ -483,39 +445,17 @@ def _decide(
         last_increment=_last_turn_increment(run, stage)
         if decision.path is lc.Path.BOUNDED_RECOVERY
         else (),
-        finalization_started=decision.path is lc.Path.FINALIZATION_ONLY
-        and run.stages.filter(kind=Stage.Kind.FINALIZATION).exists(),
+        # Entering finalization enqueues the one finalization; once in, it exists.
+        finalization_started=not entering,
         recovery_delay_s=conclusion.recovery_delay_s,
         max_recovery_wait_s=MAX_RECOVERY_WAIT_S,
         verify_delay_s=settings.GOVERNANCE_VERIFY_DELAY_SECONDS,
         verification=verification,
     )
     if follow is not None:
-        new = enqueue_stage(run, follow.kind, dict(follow.payload), now, events)
+        new = enqueue_stage(run, follow.kind, dict(follow.payload), now)
         publish([new.id], {new.id: follow.countdown_s})
     return decision
-
-
-def enqueue_stage(
-    run: Run, kind: str, payload: dict[str, Any], now: datetime, events: list[RunEvent] | None
-) -> Stage:
-    """A new stage row and its "queued" event (appended to ``events`` to write
-    in bulk, or written at once)."""
-    last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
-    stage = Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
-    event = new_event(
-        run,
-        "stage",
-        now,
-        {"stage": stage.seq, "kind": kind, "state": "queued"},
-        segment=run.segment,
-        stage=stage,
-    )
-    if events is None:
-        event.save()
-    else:
-        events.append(event)
-    return stage
 
 
 def _no_provider_alert(run: Run, decision: lc.Decision, segment: Segment, now: datetime) -> bool:
@@ -547,26 +487,6 @@ def _close_receipt(receipt, now: datetime) -> None:
     ToolReceipt.objects.filter(idempotency_key=receipt.key).update(**updates)
 
 
-def _append_history(
-    session: ThreadSession, items: Sequence[dict[str, Any]], run: Run, now: datetime
-) -> None:
-    """R1.3: accepted history only grows."""
-    last = session.history.order_by("-seq").values_list("seq", flat=True).first() or 0
-    HistoryItem.objects.bulk_create(
-        HistoryItem(
-            session=session,
-            seq=last + offset,
-            role=item["role"],
-            content=item.get("content", ""),
-            tool_call_id=item.get("tool_call_id") or "",
-            tool_calls=item.get("tool_calls") or [],
-            run=run,
-            accepted_at=now,
-        )
-        for offset, item in enumerate(items, start=1)
-    )
-
-
 def mark_progress_now(run: Run, at: datetime) -> None:
     """R6.1: business progress seen mid-stage (written at most every few seconds;
     the stage's close writes the latest)."""
@@ -580,7 +500,6 @@ def finish_skipped(stage: Stage, now: datetime) -> None:
             finished_at=now, outcome="skipped", detail="run already settled", clocks={}
         ):
             stage.finished_at, stage.outcome = now, "skipped"
-            _stage_finished(stage.run, stage, now).save()
 
 
 # --------------------------------------------------------------------------- watchdog
@@ -602,11 +521,15 @@ def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]
         open_stages: dict[Any, list[Stage]] = {}
         for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
             open_stages.setdefault(stage.run_id, []).append(stage)
-        decided = set(
-            RunEvent.objects.filter(
-                run__in=runs, kind="fact", metadata__kind="no_progress_timeout"
-            ).values_list("run_id", flat=True)
-        )
+        # Runs past their no-progress limit: was that already decided? (rare; read their facts)
+        decided = {
+            run_id
+            for run_id, metadata in RunEvent.objects.filter(
+                run__in=[r for r in runs if now - r.last_progress_at >= _no_progress(r)],
+                kind__in=FACT_KINDS,
+            ).values_list("run_id", "metadata")
+            if any(f.kind is lc.FactKind.NO_PROGRESS_TIMEOUT for f in facts_of(metadata))
+        }
         for run in runs:
             stages = open_stages.get(run.id, [])
             live = [s for s in stages if s.claimed_at and s.claimed_at >= now - lease()]
@@ -618,6 +541,10 @@ def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]
             ]
             watched.append(WatchedRun(run, bool(live), stale, run.id in decided))
     return watched
+
+
+def _no_progress(run: Run) -> timedelta:
+    return timedelta(seconds=run.no_progress_limit_s)
 
 
 def record_breach(run: Run, conclusion: StageConclusion, now: datetime) -> bool:

@@ -272,10 +272,20 @@ def session_history(session: ThreadSession) -> list[HistoryItem]:
 
 
 def append_history(
-    session: ThreadSession, items: Iterable[dict[str, Any]], *, run: Run | None, now: datetime
+    session: ThreadSession,
+    items: Iterable[dict[str, Any]],
+    *,
+    run: Run | None,
+    now: datetime,
+    last_seq: int | None = None,
 ) -> None:
-    """R1.3: accepted history only grows."""
-    last = session.history.order_by("-seq").values_list("seq", flat=True).first() or 0
+    """R1.3: accepted history only grows. ``last_seq``: the caller already read
+    the history (seqs run 1…n) and holds the thread's one turn."""
+    last = (
+        last_seq
+        if last_seq is not None
+        else session.history.order_by("-seq").values_list("seq", flat=True).first() or 0
+    )
     rows = []
     for offset, item in enumerate(items, start=1):
         rows.append(

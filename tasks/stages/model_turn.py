@@ -8,8 +8,10 @@ ledger first) → ``rules.turns.conclude_turn`` → one ``close_stage``.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 
+import httpx
 from django.conf import settings
 
 from governance import time_source
@@ -33,12 +35,24 @@ from tasks.adapters.base import (
 from tasks.tools import TOOL_SPECS
 
 PROGRESS_WRITE_EVERY = timedelta(seconds=30)  # mid-stream progress reaches the row this often
+_transport: tuple[int, httpx.HTTPTransport] | None = None
+
+
+def shared_transport() -> httpx.HTTPTransport:
+    """One HTTP transport per worker process: kept-alive connections to the
+    providers and one TLS context, instead of building both for every attempt
+    (a new client costs tens of milliseconds). Made after the fork, never shared
+    across processes."""
+    global _transport
+    if _transport is None or _transport[0] != os.getpid():
+        _transport = (os.getpid(), httpx.HTTPTransport(retries=0))
+    return _transport[1]
 
 
 def execute(run: Run, stage: Stage):
     final = stage.kind == Stage.Kind.FINALIZATION
     start = time_source.now()
-    context = stage_service.turn_context(run, start)
+    context = stage_service.turn_context(run, stage.seq, start)
     segment = context.segment
     increment = turns.turn_increment(stage.payload.get("increment", []), final=final)
     providers = context.providers
@@ -111,6 +125,7 @@ def execute(run: Run, stage: Stage):
                 ),
                 clock=time_source.current(),
                 on_event=progress.seen,
+                transport=shared_transport(),
             )
             ended = time_source.now()
             classification = classify_attempt(response.evidence, ended)

@@ -16,6 +16,7 @@ from governance.rules import tools as tool_rules
 from governance.services import budget as ledger
 from governance.services import receipts
 from governance.services import stages as stage_service
+from tasks import instrumentation as spans
 from tasks.tools import EXTERNAL_TOOLS, run_tool
 
 
@@ -43,7 +44,12 @@ def execute(run: Run, stage: Stage):
     elif step == "verify":
         effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
     else:
-        effect, output, error = _perform(run, call, key, now)
+        try:
+            effect, output, error = _perform(run, call, key, now)
+        except Exception as exc:  # R4.1: the executor's fact, not the run's end (R4.2)
+            # An external tool that broke mid-call may have had its effect.
+            effect = "unknown" if call["name"] in EXTERNAL_TOOLS else "failed"
+            output, error = None, f"{type(exc).__name__}: {exc}"[:500]
     now = time_source.now()
     conclusion = tool_rules.conclude_tool_call(
         payload, effect=effect, output=output, error=error, key=key, close_receipt=close
@@ -52,6 +58,13 @@ def execute(run: Run, stage: Stage):
 
 
 def _perform(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
+    with spans.tool_span(tool=call["name"], started_at=now, call_id=call["id"]) as span:
+        effect, output, error = _admit_and_run(run, call, key, now)
+        span.finish(time_source.now(), effect=effect, error=error)
+    return effect, output, error
+
+
+def _admit_and_run(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
     if call["name"] not in stage_service.tool_surface(run):
         return "refused", None, f"{call['name']} is not in this segment's tool surface"
     admission = ledger.admit(run, "tool_calls", 1, f"{key}:tool", now=now)

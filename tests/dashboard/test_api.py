@@ -565,8 +565,8 @@ def test_submit_run_is_202_with_run_budget_account_and_a_queued_first_stage(
     assert stage.enqueued_at == manual_clock()
     assert stage.started_at is None and stage.finished_at is None
     assert stage.payload == {"increment": [{"role": "user", "content": "What is 6 x 7?"}]}
-    queued = RunEvent.objects.get(run=run, kind="stage")
-    assert queued.metadata["state"] == "queued"
+    # The stage row is the queued fact (its queue clock starts at enqueued_at).
+    assert not RunEvent.objects.filter(run=run).exists()
 
 
 def test_submit_run_publishes_its_first_stage_once(api, thread, django_capture_on_commit_callbacks):
@@ -889,8 +889,8 @@ def test_r7_1_cancel_is_202_and_records_one_fact_and_one_audit_entry(
     assert not Settlement.objects.filter(run=run).exists()
     facts = [f.kind for f in services.run_facts(run).facts]
     assert facts == [lc.FactKind.CANCEL_REQUESTED]
-    fact = RunEvent.objects.get(run=run, kind="fact")
-    assert fact.metadata["owner"] == "user"
+    fact = RunEvent.objects.get(run=run, kind="facts")
+    assert [f["owner"] for f in fact.metadata["facts"]] == ["user"]
     audit = AuditEntry.objects.get(action="run.cancel")
     assert audit.actor == USERNAME
     assert audit.target_type == "run" and audit.target_id == run_id

@@ -356,7 +356,8 @@ def test_segment_page_query_count_is_bounded(
         full_turn(thread, segment, at=T0 + timedelta(minutes=n))
     client = login(client, operator)
     client.get(reverse("segment", args=[segment.id]))
-    with django_assert_max_num_queries(17):
+    # Bounded whatever the segment's size: a fixed set of sources, each one page.
+    with django_assert_max_num_queries(19):
         response = client.get(reverse("segment", args=[segment.id]))
     body = html(response)
     assert "Show older" in body
