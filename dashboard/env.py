@@ -155,8 +155,14 @@ def named_secret(name: str) -> str | None:
     return (_secret_from(name) or "").strip() or None
 
 
-def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
-    """Django's DATABASES entry for ``postgres://`` or ``sqlite:///`` URLs."""
+def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> dict[str, Any]:
+    """Django's DATABASES entry for ``postgres://`` or ``sqlite:///`` URLs.
+
+    ``pool_max_size`` > 0: PostgreSQL connections come from a psycopg pool of
+    that size per process (Django's built-in pool). Under ASGI each request's
+    sync code runs in a thread of its own, so persistent per-thread connections
+    would pile up until the server refuses more; a pool reuses a few.
+    """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     options = dict(parse_qsl(parts.query))
@@ -175,9 +181,14 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
-            "OPTIONS": options,
-            "CONN_MAX_AGE": 60,
-            "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": (
+                {**options, "pool": {"min_size": 1, "max_size": pool_max_size, "timeout": 10}}
+                if pool_max_size
+                else options
+            ),
+            # A pool holds the connections itself (Django requires CONN_MAX_AGE 0).
+            "CONN_MAX_AGE": 0 if pool_max_size else 60,
+            "CONN_HEALTH_CHECKS": not pool_max_size,
         }
     if scheme == "sqlite":
         path = unquote(parts.path)

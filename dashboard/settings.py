@@ -88,7 +88,14 @@ TEMPLATES = [
 DATABASE_URL = (
     env_str("DATABASE_URL") or f"sqlite:////{(VAR_DIR / 'db.sqlite3').as_posix().lstrip('/')}"
 )
-DATABASES = {"default": database_from_url(DATABASE_URL, base_dir=BASE_DIR)}
+# PostgreSQL connections per process come from a pool of at most this many (0: no
+# pool, one persistent connection per thread).
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 8, minimum=0)
+DATABASES = {
+    "default": database_from_url(
+        DATABASE_URL, base_dir=BASE_DIR, pool_max_size=DATABASE_POOL_MAX_SIZE
+    )
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")

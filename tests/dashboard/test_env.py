@@ -84,6 +84,15 @@ def test_database_url_postgres(tmp_path: Path):
     assert config["OPTIONS"] == {"sslmode": "require"}
 
 
+def test_database_url_postgres_with_a_connection_pool(tmp_path: Path):
+    """Under ASGI a pool reuses connections instead of one per request thread."""
+    config = database_from_url("postgres://app@db/gov", base_dir=tmp_path, pool_max_size=8)
+    assert config["OPTIONS"]["pool"] == {"min_size": 1, "max_size": 8, "timeout": 10}
+    assert config["CONN_MAX_AGE"] == 0  # the pool holds the connections
+    plain = database_from_url("postgres://app@db/gov", base_dir=tmp_path)
+    assert "pool" not in plain["OPTIONS"] and plain["CONN_MAX_AGE"] == 60
+
+
 def test_database_url_sqlite_relative_and_absolute(tmp_path: Path):
     relative = database_from_url("sqlite:///var/x.sqlite3", base_dir=tmp_path)
     assert relative["NAME"] == str(tmp_path / "var/x.sqlite3")
