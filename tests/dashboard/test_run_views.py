@@ -634,3 +634,86 @@ def test_r6_1_an_unsettled_run_past_its_deadline_says_so(client, oncall, thread)
     assert "deadline passed, not settled" in body_of(client.get(run_url(run)))
     services.settle(run, lc.Settlement("failed", "deadline_exceeded", "out of time"), T0)
     assert "deadline passed" not in body_of(client.get(run_url(run)))
+
+
+def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_is_stored(
+    client, oncall, thread
+):
+    """R6.1: the store keeps no queue span; each started stage's queue bar is drawn
+    from its own row (enqueued_at → started_at) with its execution span's clocks,
+    under the run span and just before that stage's execution bar."""
+    run, first, _ = services.submit_run(thread, input="hi", now=T0)
+    second = services.enqueue_stage(run, Stage.Kind.TOOL_CALL, {}, T0 + timedelta(seconds=60))
+    Stage.objects.filter(id=first.id).update(
+        enqueued_at=T0 + timedelta(seconds=10), started_at=T0 + timedelta(seconds=30)
+    )
+    Stage.objects.filter(id=second.id).update(started_at=T0 + timedelta(seconds=65))
+    trace = "c" * 32
+
+    def span(span_id, parent, name, start_s, end_s, **attrs):
+        SpanRecord.objects.create(
+            trace_id=trace,
+            span_id=span_id,
+            parent_span_id=parent,
+            name=name,
+            start=T0 + timedelta(seconds=start_s),
+            end=T0 + timedelta(seconds=end_s),
+            attributes={"governance.run_id": str(run.id), **attrs},
+            run_id=run.id,
+        )
+
+    def clocks(queue_ms, execution_ms):
+        return {
+            "governance.clock.queue_ms": queue_ms,
+            "governance.clock.execution_ms": execution_ms,
+            "governance.clock.no_progress_ms": execution_ms,
+            "governance.clock.deadline_remaining_ms": 1_000_000,
+        }
+
+    span("1" * 16, "", "governance.run", 0, 100)
+    span(
+        "3" * 16, "1" * 16, "governance.stage.execution", 30, 60,
+        **{"governance.stage_id": str(first.id), **clocks(20_000, 30_000)},
+    )  # fmt: skip
+    span(
+        "4" * 16, "3" * 16, "chat alpha-model", 35, 45,
+        **{
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "alpha",
+            "gen_ai.request.model": "alpha-model",
+            "governance.attempt.kind": "original",
+            "governance.stage_id": str(first.id),
+        },
+    )  # fmt: skip
+    span(
+        "6" * 16, "1" * 16, "governance.stage.execution", 65, 80,
+        **{"governance.stage_id": str(second.id), **clocks(5_000, 15_000)},
+    )  # fmt: skip
+    assert not SpanRecord.objects.filter(name="governance.stage.queue").exists()
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+
+    assert "Drawn from the embedded span store: 6 spans over 1 min 40 s" in body
+    rows = re.findall(r'<li class="wf-row wf-(\w+)[^"]*">(.*?)</li>', body, re.S)
+    labels = [re.search(r'rem">([^<]*)', row).group(1) for _kind, row in rows]
+    assert labels == [
+        "Run",
+        "stage 1 · model turn · queued",
+        "stage 1 · model turn · execution",
+        "alpha · original",
+        "stage 2 · tool call · queued",
+        "stage 2 · tool call · execution",
+    ]
+    queued = {
+        label: row for (kind, row), label in zip(rows, labels, strict=True) if kind == "queue"
+    }
+    first_queue = queued["stage 1 · model turn · queued"]
+    assert "left: 10.0%; width: 20.0%" in first_queue  # enqueued 10 s → started 30 s
+    assert "queue 20.0 s" in first_queue  # the execution span's clocks
+    assert 'padding-left: 1rem">stage 1' in first_queue  # under the run span
+    second_queue = queued["stage 2 · tool call · queued"]
+    assert "left: 60.0%; width: 5.0%" in second_queue  # enqueued 60 s → started 65 s
+    assert "queue 5.0 s" in second_queue
+    # Each queue bar ends where its stage's execution bar begins.
+    assert "left: 30.0%; width: 30.0%" in body  # stage 1 execution 30 s → 60 s
+    assert "left: 65.0%; width: 15.0%" in body  # stage 2 execution 65 s → 80 s

@@ -250,7 +250,9 @@ def test_r6_1_prune_task_uses_settings_and_the_injected_clock(settings):
 @pytest.mark.django_db(transaction=True)
 def test_r6_1_build_providers_stores_spans_by_default(settings):
     """R6.1: build_providers always adds the span store (no collector needed); a
-    run span emitted through it keeps the admission id and lands in PostgreSQL."""
+    run span emitted through it keeps the admission id and lands in PostgreSQL,
+    with the stage's execution span under it (the queue span is not stored: the
+    stage row holds that interval)."""
     settings.OTEL_EXPORTER_OTLP_ENDPOINT = None
     settings.OTEL_TRACES_EXPORTER = "none"
     assert span_store_enabled()
@@ -264,7 +266,10 @@ def test_r6_1_build_providers_stores_spans_by_default(settings):
     run = SpanRecord.objects.get(name="governance.run")
     assert run.span_id == carrier["run_span_id"]
     assert run.component == "worker"
-    assert SpanRecord.objects.filter(run_id=RUN_ID, parent_span_id=run.span_id).count() == 2
+    (child,) = SpanRecord.objects.filter(run_id=RUN_ID, parent_span_id=run.span_id)
+    assert child.name == "governance.stage.execution"
+    assert {k: child.attributes[k] for k in CLOCKS} == CLOCKS
+    assert not SpanRecord.objects.filter(name="governance.stage.queue").exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -343,6 +348,7 @@ def record_stage(
     return carrier
 
 
+# Every span record_stage emits (what an OTLP collector receives) …
 STAGE_NAMES = {
     "governance.run",
     "governance.stage.queue",
@@ -350,6 +356,9 @@ STAGE_NAMES = {
     "chat m",
     "execute_tool calculator",
 }
+# … and what the store keeps of them: not the queue span, whose interval
+# (enqueued_at → started_at) is already on the Stage row.
+STORED_NAMES = STAGE_NAMES - {"governance.stage.queue"}
 
 
 def sql_http_celery_and_request_spans(provider):
@@ -400,10 +409,11 @@ def store_only(settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_r6_1_run_stage_attempt_and_tool_spans_are_stored_and_nothing_else(store_only):
-    """R6.1: the store keeps what the run page draws — run, queue, execution,
-    attempt and tool spans, each marked governance.span.kind — and not the
-    stage's SQL statements, HTTP client calls, Celery or request spans. With
-    no exporter those are not even recorded."""
+    """R6.1: the store keeps what the run page draws and the facts do not hold —
+    run, execution, attempt and tool spans, each marked governance.span.kind —
+    and not the stage's queue span (the Stage row has that interval), nor its
+    SQL statements, HTTP client calls, Celery or request spans. With no
+    exporter those are not even recorded."""
     seen = []
 
     def during(provider):
@@ -414,12 +424,11 @@ def test_r6_1_run_stage_attempt_and_tool_spans_are_stored_and_nothing_else(store
 
     record_stage(store_only, during=during)
     assert store_only.force_flush(10_000)
-    assert stored_names() == STAGE_NAMES
+    assert stored_names() == STORED_NAMES
     assert seen == [False]  # no exporter: an auto-instrumentation span is a no-op
     kinds = dict(SpanRecord.objects.values_list("name", "attributes__governance.span.kind"))
     assert kinds == {
         "governance.run": "run",
-        "governance.stage.queue": "stage.queue",
         "governance.stage.execution": "stage.execution",
         "chat m": "attempt",
         "execute_tool calculator": "tool",
@@ -475,7 +484,7 @@ def provider_with(processor: SpanStoreProcessor) -> TracerProvider:
 
 @pytest.mark.django_db(transaction=True)
 def test_r6_1_a_stage_is_one_insert_written_soon_after_it_ends():
-    """R6.1: a stage's spans (queue, attempt, tool, execution) and the run span
+    """R6.1: a stage's stored spans (attempt, tool, execution) and the run span
     go to the store in ONE multi-row INSERT on the writer's own connection, a
     moment after the execution span ends — not one INSERT per span, and not
     only when the (here very long) flush interval runs out."""
@@ -485,9 +494,9 @@ def test_r6_1_a_stage_is_one_insert_written_soon_after_it_ends():
     try:
         record_stage(provider)
         deadline = time.monotonic() + 5
-        while len(stored_names()) < len(STAGE_NAMES) and time.monotonic() < deadline:
+        while len(stored_names()) < len(STORED_NAMES) and time.monotonic() < deadline:
             time.sleep(0.01)  # no force_flush: the stage's end is the trigger
-        assert stored_names() == STAGE_NAMES
+        assert stored_names() == STORED_NAMES
         assert len(exporter.inserts()) == 1, exporter.statements
         assert processor.written_batches == 1
         assert exporter.threads == {"span-store-writer"}
@@ -504,32 +513,43 @@ def test_r6_1_spans_of_stages_ending_together_share_an_insert_and_a_stage_in_pro
     processor = SpanStoreProcessor(exporter, flush_delay_s=0.2, flush_interval_s=600)
     provider = provider_with(processor)
     try:
+        stored = 5 * len(STORED_NAMES)  # 20: the queue spans are not stored
         for i in range(5):
             record_stage(provider, run_id=uuid.uuid4(), stage_id=f"st-{i}")
         deadline = time.monotonic() + 5
-        while SpanRecord.objects.count() < 25 and time.monotonic() < deadline:
+        while SpanRecord.objects.count() < stored and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert SpanRecord.objects.count() == 25
+        assert SpanRecord.objects.count() == stored
         assert len(exporter.inserts()) == 1
-        # A stage that started (its queue span ended) but is still running:
-        # its spans wait for the stage's end (or the interval).
+        # A stage still running whose attempt span already ended: the attempt
+        # waits in the buffer for the stage's end (or the interval).
         instrumentation.use_tracer_provider(provider)
-        carrier = new_run_trace(str(STAGE_RUN), thread_id="th", segment_key="seg")
-        record_queue_span(
-            carrier,
-            run_id=STAGE_RUN,
-            stage_id="st-late",
-            stage_kind="model_turn",
-            enqueued_at=T0,
-            started_at=T0,
-            attributes=CLOCKS,
-        )
-        instrumentation.use_tracer_provider(None)
-        time.sleep(0.3)
-        assert SpanRecord.objects.count() == 25
+        try:
+            carrier = new_run_trace(str(STAGE_RUN), thread_id="th", segment_key="seg")
+            with execution_span(
+                carrier,
+                run_id=STAGE_RUN,
+                stage_id="st-late",
+                stage_kind="model_turn",
+                started_at=T0,
+            ) as stage:
+                with attempt_span(
+                    provider_id="p", kind="primary", model="m", started_at=T0, segment_key="seg"
+                ) as attempt:
+                    attempt.finish(T0 + timedelta(seconds=1))
+                time.sleep(0.3)
+                assert SpanRecord.objects.count() == stored
+                assert processor.force_flush(5_000)
+                assert SpanRecord.objects.count() == stored + 1
+                assert len(exporter.inserts()) == 2
+                stage.end(T0 + timedelta(seconds=2))
+        finally:
+            instrumentation.use_tracer_provider(None)
         assert processor.force_flush(5_000)
-        assert SpanRecord.objects.count() == 26
-        assert len(exporter.inserts()) == 2
+        assert SpanRecord.objects.count() == stored + 2
+        assert (
+            SpanRecord.objects.filter(**{"attributes__governance.stage_id": "st-late"}).count() == 2
+        )
     finally:
         provider.shutdown()
 
@@ -557,7 +577,7 @@ def test_r6_1_the_store_write_never_joins_the_callers_transaction():
                 assert processor.force_flush(5_000)  # written while the caller is mid-transaction
             raise Rollback
         assert not any("governance_spanrecord" in q["sql"] for q in caller_queries)
-        assert stored_names() == STAGE_NAMES
+        assert stored_names() == STORED_NAMES
         assert exporter.atomic and not any(exporter.atomic)
     finally:
         provider.shutdown()
@@ -610,7 +630,7 @@ def test_r6_1_a_failing_store_is_logged_and_never_breaks_the_caller(caplog):
     finally:
         provider.shutdown()
     assert "span store: export raised" in caplog.text
-    assert SpanRecord.objects.count() == len(STAGE_NAMES)  # the second stage
+    assert SpanRecord.objects.count() == len(STORED_NAMES)  # the second stage
 
 
 @pytest.mark.django_db(transaction=True)
@@ -624,10 +644,11 @@ def test_r6_1_a_full_buffer_drops_and_counts_instead_of_blocking():
             gate.wait(10)
             return super().export(spans)
 
-    processor = SpanStoreProcessor(SlowExporter(), max_queue=4, flush_delay_s=0)
+    per_stage = len(STORED_NAMES - {"governance.run"})  # attempt, tool, execution
+    processor = SpanStoreProcessor(SlowExporter(), max_queue=per_stage, flush_delay_s=0)
     provider = provider_with(processor)
     try:
-        record_stage(provider, end_run=False)  # four spans: the writer takes them, blocks
+        record_stage(provider, end_run=False)  # three spans: the writer takes them, blocks
         deadline = time.monotonic() + 5
         while processor._queue and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -636,13 +657,13 @@ def test_r6_1_a_full_buffer_drops_and_counts_instead_of_blocking():
         for i in range(3):
             record_stage(provider, run_id=uuid.uuid4(), stage_id=f"more-{i}", end_run=False)
         assert time.monotonic() - begin < 1
-        assert processor.dropped_spans == 3 * 4 - 4
+        assert processor.dropped_spans == 3 * per_stage - per_stage
         gate.set()
         assert processor.force_flush(10_000)
     finally:
         gate.set()
         provider.shutdown()
-    assert SpanRecord.objects.count() == 4 + 4
+    assert SpanRecord.objects.count() == per_stage + per_stage
 
 
 @pytest.mark.django_db(transaction=True)
@@ -656,10 +677,10 @@ def test_r6_1_shutdown_writes_what_is_buffered():
         assert SpanRecord.objects.count() == 0  # nothing due yet
     finally:
         provider.shutdown()
-    assert stored_names() == STAGE_NAMES
+    assert stored_names() == STORED_NAMES
     record_stage(provider, run_id=uuid.uuid4())  # after shutdown: dropped, counted
-    assert processor.dropped_spans == len(STAGE_NAMES)
-    assert SpanRecord.objects.count() == len(STAGE_NAMES)
+    assert processor.dropped_spans == len(STORED_NAMES)  # a queue span is not even offered
+    assert SpanRecord.objects.count() == len(STORED_NAMES)
 
 
 def test_r6_1_worker_shutdown_flushes_the_span_store(monkeypatch):
@@ -724,7 +745,7 @@ def test_r6_1_the_count_cap_holds_while_writing_more_than_the_cap():
     provider = provider_with(processor)
     highest = 0
     try:
-        for i in range(40):  # 200 spans, more than six times the cap
+        for i in range(40):  # 160 stored spans, more than five times the cap
             record_stage(provider, run_id=uuid.uuid4(), stage_id=f"st-{i}")
             assert processor.force_flush(5_000)
             highest = max(highest, SpanRecord.objects.count())
@@ -748,7 +769,7 @@ def test_r6_1_build_providers_configures_the_writer_and_its_cap_from_settings(se
     settings.GOVERNANCE_SPAN_STORE = True
     settings.SPAN_STORE_FLUSH_DELAY_MS = 0
     settings.SPAN_STORE_FLUSH_INTERVAL_MS = 60_000
-    settings.SPAN_STORE_PRUNE_EVERY_ROWS = 5
+    settings.SPAN_STORE_PRUNE_EVERY_ROWS = len(STORED_NAMES)  # 4: one stage's rows
     settings.SPAN_STORE_MAX_ROWS = 3
     settings.SPAN_STORE_MAX_AGE_HOURS = 1
     tracer_provider, meter_provider = build_providers("worker")
@@ -758,7 +779,7 @@ def test_r6_1_build_providers_configures_the_writer_and_its_cap_from_settings(se
         if isinstance(p, Processor)
     ]
     assert (processor.flush_delay_s, processor.flush_interval_s) == (0, 60)
-    assert processor.prune_every_rows == 5
+    assert processor.prune_every_rows == len(STORED_NAMES)
     make_rows(2, start=T0 - timedelta(hours=2), step=timedelta(minutes=1))  # too old
     time_source.install(time_source.ManualClock(T0 + timedelta(seconds=5)))
     try:
@@ -768,6 +789,7 @@ def test_r6_1_build_providers_configures_the_writer_and_its_cap_from_settings(se
         time_source.install(None)
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    # The two old rows went by age, then the oldest of the five new ones by count.
+    # The two old rows went by age, then the oldest of the four new ones by count.
     assert SpanRecord.objects.count() == 3
+    assert not SpanRecord.objects.filter(name="governance.stage.queue").exists()
     assert not SpanRecord.objects.filter(start__lt=T0).exists()

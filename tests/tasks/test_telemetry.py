@@ -133,10 +133,11 @@ def test_r6_1_sql_http_and_request_spans_go_to_otlp_never_to_the_store(otlp_and_
     """R6.1: with an OTLP endpoint, a stage's SQL statements (real psycopg
     instrumentation), its HTTP client call and the Celery/request spans are
     exported to the (loopback) collector; the span store keeps only the run,
-    stage, attempt and tool spans."""
+    execution, attempt and tool spans (the queue span is exported, not stored)."""
     from governance.models import SpanRecord
     from tests.tasks.test_span_store import (
         STAGE_NAMES,
+        STORED_NAMES,
         record_stage,
         sql_http_celery_and_request_spans,
     )
@@ -149,10 +150,10 @@ def test_r6_1_sql_http_and_request_spans_go_to_otlp_never_to_the_store(otlp_and_
     finally:
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    assert set(SpanRecord.objects.values_list("name", flat=True)) == STAGE_NAMES
+    assert set(SpanRecord.objects.values_list("name", flat=True)) == STORED_NAMES
     spans = exported_spans(received)
     names = {s.name for s in spans}
-    assert names >= STAGE_NAMES  # the run's own spans are exported too
+    assert names >= STAGE_NAMES  # the run's own spans are exported too, the queue span included
     sql = [s for s in spans if is_sql(s)]
     assert len(sql) >= 2, names  # the ORM query and the cursor's SELECT 1
     assert {"POST", "run/tasks.stages.execute_stage"} <= names
@@ -165,10 +166,10 @@ def test_r6_1_sql_http_and_request_spans_go_to_otlp_never_to_the_store(otlp_and_
 def test_r6_1_sampling_never_takes_a_stage_from_the_store(otlp_and_store, settings):
     """R6.1: OTEL_TRACES_SAMPLER_ARG=0 samples every trace out of OTLP — the
     SQL and HTTP spans are not even recorded — but the run's spans are still
-    recorded and stored."""
+    recorded and stored (all but the queue span, which the store never keeps)."""
     from governance.models import SpanRecord
     from tests.tasks.test_span_store import (
-        STAGE_NAMES,
+        STORED_NAMES,
         record_stage,
         sql_http_celery_and_request_spans,
     )
@@ -183,8 +184,61 @@ def test_r6_1_sampling_never_takes_a_stage_from_the_store(otlp_and_store, settin
         tracer_provider.shutdown()
         meter_provider.shutdown()
     assert carrier["traceparent"].endswith("-00")  # the run's trace is not sampled
-    assert set(SpanRecord.objects.values_list("name", flat=True)) == STAGE_NAMES
+    assert set(SpanRecord.objects.values_list("name", flat=True)) == STORED_NAMES
     assert exported_spans(received) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_r6_1_a_queue_span_goes_to_otlp_but_not_to_the_store(otlp_and_store):
+    """R6.1: the stage queue span is still created and exported to a configured
+    collector — under the run span, marked stage.queue, with its enqueued →
+    started interval and clocks — but the embedded store does not keep it: the
+    Stage row already holds that interval. The run span beside it is stored."""
+    from datetime import timedelta
+
+    from governance.models import SpanRecord
+    from tasks import instrumentation
+    from tests.tasks.test_span_store import CLOCKS, STAGE_RUN, T0
+
+    received = otlp_and_store
+    tracer_provider, meter_provider = build_providers("worker")
+    instrumentation.use_tracer_provider(tracer_provider)
+    try:
+        carrier = instrumentation.new_run_trace(str(STAGE_RUN), thread_id="th", segment_key="seg")
+        instrumentation.record_queue_span(
+            carrier,
+            run_id=STAGE_RUN,
+            stage_id="st-q",
+            stage_kind="model_turn",
+            enqueued_at=T0,
+            started_at=T0 + timedelta(seconds=1),
+            attributes=CLOCKS,
+        )
+        instrumentation.end_run_span(
+            carrier, run_id=STAGE_RUN, started_at=T0, ended_at=T0 + timedelta(seconds=2)
+        )
+        assert tracer_provider.force_flush(10_000)
+    finally:
+        instrumentation.use_tracer_provider(None)
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    # The store: the run span only.
+    assert list(SpanRecord.objects.values_list("name", flat=True)) == ["governance.run"]
+    # The collector: both, the queue span whole.
+    spans = {s.name: s for s in exported_spans(received)}
+    assert set(spans) == {"governance.run", "governance.stage.queue"}
+    queue, run = spans["governance.stage.queue"], spans["governance.run"]
+    assert queue.trace_id == run.trace_id
+    assert queue.parent_span_id == run.span_id
+    assert run.span_id.hex() == carrier["run_span_id"]
+    assert queue.end_time_unix_nano - queue.start_time_unix_nano == 10**9
+    attributes = {a.key: a.value for a in queue.attributes}
+    assert attributes["governance.span.kind"].string_value == "stage.queue"
+    assert attributes["governance.run_id"].string_value == str(STAGE_RUN)
+    assert attributes["governance.stage_id"].string_value == "st-q"
+    for key, value in CLOCKS.items():
+        assert attributes[key].int_value == value, key
 
 
 def test_r6_1_the_sampler_records_governance_spans_and_samples_the_rest(settings):
