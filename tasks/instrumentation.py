@@ -114,9 +114,19 @@ def is_governance_span(attributes: Mapping[str, Any] | None) -> bool:
     return bool(attributes) and attributes.get(SPAN_KIND_ATTRIBUTE) in GOVERNANCE_SPAN_KINDS
 
 
+# The queue bar is drawn from the stage row's own times (enqueued → started),
+# so the store keeps no second copy of it; the queue span still goes to OTLP.
+STORED_SPAN_KINDS = GOVERNANCE_SPAN_KINDS - {QUEUE_KIND}
+
+
 def stored_in_span_store(attributes: Mapping[str, Any] | None) -> bool:
-    """What the embedded span store keeps: a governance span of a run."""
-    return is_governance_span(attributes) and bool(attributes.get("governance.run_id"))
+    """What the embedded span store keeps: a governance span of a run that the
+    facts do not already hold."""
+    return (
+        bool(attributes)
+        and attributes.get(SPAN_KIND_ATTRIBUTE) in STORED_SPAN_KINDS
+        and bool(attributes.get("governance.run_id"))
+    )
 
 
 # --------------------------------------------------------------------------- ids
@@ -405,6 +415,14 @@ def new_run_trace(run_id: Any, *, thread_id: Any, segment_key: Any) -> dict[str,
 
 
 # --------------------------------------------------------------------------- spans
+
+
+def note_admission_segment(segment_key: Any) -> None:
+    """The admission request span names the segment the run was admitted on
+    (known only once the run is written; nothing when no span records)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(otel_attributes({"governance.segment_key": segment_key}))
 
 
 def end_run_span(

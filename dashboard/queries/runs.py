@@ -510,8 +510,45 @@ def _ticks(total_seconds: float) -> list[tuple[float, str]]:
     ]
 
 
+def _queue_spans(stages: list[Stage], spans: list[SpanRecord]) -> list[SpanRecord]:
+    """The queue bars from the stages' own times (the store keeps no queue span),
+    shaped as unsaved span rows so they sort and draw like the rest."""
+    stored = {
+        str((s.attributes or {}).get("governance.stage_id"))
+        for s in spans
+        if s.name == QUEUE_SPAN_NAME
+    }
+    run_span = next((s for s in spans if s.name == RUN_SPAN_NAME), None)
+    execution = {
+        str((s.attributes or {}).get("governance.stage_id")): s
+        for s in spans
+        if s.name == EXECUTION_SPAN_NAME
+    }
+    queued = []
+    for stage in stages:
+        key = str(stage.id)
+        if key in stored or stage.started_at is None:
+            continue
+        clocks = execution.get(key).attributes if key in execution else {}
+        queued.append(
+            SpanRecord(
+                name=QUEUE_SPAN_NAME,
+                span_id=f"queue-{stage.id}",
+                parent_span_id=run_span.span_id if run_span else "",
+                start=stage.enqueued_at,
+                end=max(stage.started_at, stage.enqueued_at),
+                attributes={
+                    "governance.stage_id": stage.id,
+                    **{k: v for k, v in (clocks or {}).items() if k in CLOCK_ATTRIBUTES},
+                },
+            )
+        )
+    return queued
+
+
 def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> Waterfall:
     """Bars positioned by each span's start/end relative to the run span."""
+    spans = [*spans, *_queue_spans(stages, spans)]
     run_span = next((s for s in spans if s.name == RUN_SPAN_NAME), None)
     if run_span is not None:
         origin = run_span.start

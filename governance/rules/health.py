@@ -767,6 +767,24 @@ def record_success(health: ProviderHealth, now: datetime) -> ProviderHealth:
     )
 
 
+# How precisely a healthy provider's "last success" is kept: a success that
+# changes nothing else is written at most this often, so busy workers do not
+# queue on one row to say "still fine".
+SUCCESS_PRECISION = timedelta(minutes=1)
+
+
+def health_changed(before: ProviderHealth, after: ProviderHealth) -> bool:
+    """R2.2: whether ``after`` is news worth writing: any breaker fact moved, or
+    the last success is older than ``SUCCESS_PRECISION``."""
+    if replace(after, last_success_at=before.last_success_at) != before:
+        return True
+    if after.last_success_at is None:
+        return False
+    return before.last_success_at is None or (
+        after.last_success_at - before.last_success_at >= SUCCESS_PRECISION
+    )
+
+
 # ---------------------------------------------------------------------------
 # R2.3: turn-level refusal memory
 

@@ -71,24 +71,35 @@ def record_provider_result(
     error: str = "",
     rng: random.Random | None = None,
 ) -> None:
-    """R2.2: move the breaker on a time-based failure or a success (row lock)."""
+    """R2.2: move the breaker on a time-based failure or a success (row lock).
+
+    A success that changes nothing but a recent "last success" is not written
+    (``health_rules.health_changed``): the unlocked read decides, so healthy
+    traffic never queues on the provider's row.
+    """
+
+    def moved(row: ProviderHealthState | None) -> tuple[Any, Any]:
+        value = provider_health(provider, row)
+        if classification is None or classification.failure_class is None:
+            return value, health_rules.record_success(value, now)
+        return value, health_rules.record_failure(
+            value,
+            classification,
+            now,
+            breaker_policy(provider),
+            rng or random.Random(),
+            provider.config_fingerprint(),
+        )
+
+    current = ProviderHealthState.objects.filter(provider=provider).first()
+    if current is not None and not health_rules.health_changed(*moved(current)):
+        return
     with transaction.atomic(savepoint=False):
         row = ProviderHealthState.objects.select_for_update().filter(provider=provider).first()
         if row is None:
             ProviderHealthState.objects.get_or_create(provider=provider)
             row = ProviderHealthState.objects.select_for_update().get(provider=provider)
-        value = provider_health(provider, row)
-        if classification is None or classification.failure_class is None:
-            new = health_rules.record_success(value, now)
-        else:
-            new = health_rules.record_failure(
-                value,
-                classification,
-                now,
-                breaker_policy(provider),
-                rng or random.Random(),
-                provider.config_fingerprint(),
-            )
+        _value, new = moved(row)
         for field_name in (
             "breaker",
             "consecutive_failures",

@@ -39,6 +39,7 @@ def submit_run(
     limits: dict[str, int] | None = None,
     trace_context: dict[str, str] | None = None,
     previous_run: Run | None = None,
+    run_id: uuid.UUID | None = None,
 ) -> tuple[Run, Stage | None, bool]:
     """Admit a run on the thread's open segment and queue its first stage.
 
@@ -73,7 +74,7 @@ def submit_run(
         else []
     )
 
-    run_id = uuid.uuid4()
+    run_id = run_id or uuid.uuid4()
     if previous_run is not None:
         # R6.4: continuing after settlement is a new run, linked and admitted on its own.
         try:
@@ -105,7 +106,11 @@ def submit_run(
         )
         BudgetAccount.objects.create(run=run, limits=merged)
         stage = enqueue_stage(
-            run, Stage.Kind.MODEL_TURN, {"increment": [{"role": "user", "content": input}]}, now
+            run,
+            Stage.Kind.MODEL_TURN,
+            {"increment": [{"role": "user", "content": input}]},
+            now,
+            seq=1,  # a new run's first stage
         )
         return run, stage, True
 
@@ -121,10 +126,13 @@ def submit_run(
         raise
 
 
-def enqueue_stage(run: Run, kind: str, payload: dict[str, Any], now: datetime) -> Stage:
+def enqueue_stage(
+    run: Run, kind: str, payload: dict[str, Any], now: datetime, *, seq: int | None = None
+) -> Stage:
     """A new stage row, queued at ``now`` (its queue clock starts here, R6.1)."""
-    last = run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0
-    return Stage.objects.create(run=run, seq=last + 1, kind=kind, payload=payload, enqueued_at=now)
+    if seq is None:
+        seq = (run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
+    return Stage.objects.create(run=run, seq=seq, kind=kind, payload=payload, enqueued_at=now)
 
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
@@ -183,6 +191,7 @@ def run_facts(
     recovery: lc.RecoveryConditions | None = None,
     *,
     extra: Sequence[lc.OwnerFact] = (),
+    read_settlement: bool = True,
 ) -> lc.RunFacts:
     """The lifecycle's view of a run: its owners' facts in order (``extra``: the
     facts of a close not yet written), its phase and where finalization began
@@ -200,7 +209,7 @@ def run_facts(
             (d for d in run.decisions if d.get("path") == lc.Path.FINALIZATION_ONLY.value), {}
         )
         finalization_from = min(entered.get("facts_before", len(facts)), len(facts))
-    row = Settlement.objects.filter(run=run).first()
+    row = Settlement.objects.filter(run=run).first() if read_settlement else None
     settlement = (
         lc.Settlement(row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects))
         if row is not None

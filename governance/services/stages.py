@@ -114,6 +114,7 @@ class StageStart:
 
     stage: Stage
     deferred: bool = False  # another turn of the thread is in flight: re-sent shortly
+    context: TurnContext | None = None  # a model turn's facts, read with the claim
 
 
 def start_stage(stage_id: int, now: datetime) -> StageStart | None:
@@ -152,6 +153,9 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
                 Stage.objects.filter(id=stage.id, claimed_at=now).update(claimed_at=None)
                 publish([stage.id], {stage.id: TURN_WAIT_S})
                 return StageStart(stage, deferred=True)
+            if run.cancel_requested_at is None and now < run.deadline_at:
+                # What the turn reads, in the claim's transaction (one commit fewer).
+                return StageStart(stage, context=turn_context(run, stage.seq, now))
     return StageStart(stage)
 
 
@@ -175,8 +179,8 @@ class TurnContext:
 
 
 def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
-    """What a model turn reads, in one read transaction."""
-    with transaction.atomic():
+    """What a model turn reads, in one read transaction (the claim's, when called in it)."""
+    with transaction.atomic(savepoint=False):
         segment = open_segment(run.thread)
         history = [
             {
@@ -420,7 +424,8 @@ def _decide(
 ) -> lc.Decision:
     """Ask the lifecycle (R6.3) with every fact recorded — this stage's too,
     written in the same transaction — and start what it allows."""
-    facts = run_facts(run, extra=conclusion.facts)
+    # The run row is locked and fresh: only a settled run has a settlement to read.
+    facts = run_facts(run, extra=conclusion.facts, read_settlement=run.phase == "settled")
     if lc.needs_recovery_conditions(facts.facts):
         facts = lc.RunFacts(
             run_id=facts.run_id, goal=facts.goal, facts=facts.facts, phase=facts.phase,

@@ -72,7 +72,7 @@ def run_stage(stage_id: int) -> str:
         started_at=stage.started_at,
     ) as execution:
         try:
-            result, closed = _execute(run, stage)
+            result, closed = _execute(run, stage, start.context)
         except StaleClaim as exc:
             log.warning("%s", exc)
             result, closed = "superseded", None
@@ -94,11 +94,13 @@ def run_stage(stage_id: int) -> str:
     return result
 
 
-def _execute(run: Run, stage: Stage):
+def _execute(run: Run, stage: Stage, context):
     now = time_source.now()
     if run.cancel_requested_at is not None or now >= run.deadline_at:
         conclusion = conclude_stop(cancel_requested=run.cancel_requested_at is not None)
         return "stopped", stage_service.close_stage(stage, conclusion, now)
+    if stage.kind in stage_service.MODEL_STAGES:
+        return model_turn.execute(run, stage, context)
     return HANDLERS[stage.kind](run, stage)
 
 

@@ -49,10 +49,11 @@ def shared_transport() -> httpx.HTTPTransport:
     return _transport[1]
 
 
-def execute(run: Run, stage: Stage):
+def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = None):
     final = stage.kind == Stage.Kind.FINALIZATION
     start = time_source.now()
-    context = stage_service.turn_context(run, stage.seq, start)
+    if context is None:  # not read with the claim
+        context = stage_service.turn_context(run, stage.seq, start)
     segment = context.segment
     increment = turns.turn_increment(stage.payload.get("increment", []), final=final)
     providers = context.providers

@@ -1066,3 +1066,18 @@ def test_r2_3_property_recently_refused_iff_latest_refusal_within_ttl(
         offsets = [offset for p, offset in refusals if p == provider]
         expected = bool(offsets) and probe - max(offsets) < REFUSAL_SCOPE_TTL.total_seconds()
         assert turn_recently_refused(memory, provider, "digest", now) == expected
+
+
+def test_r2_2_a_success_that_changes_nothing_recent_is_not_news() -> None:
+    """R2.2: a repeated success within SUCCESS_PRECISION moves no breaker fact and
+    is not written; any breaker move, or an older last success, is."""
+    from governance.rules.health import SUCCESS_PRECISION, health_changed, record_success
+
+    fresh = record_success(ProviderHealth(provider_id="p"), T0)
+    assert health_changed(ProviderHealth(provider_id="p"), fresh)  # first success ever
+    again = record_success(fresh, T0 + SUCCESS_PRECISION / 2)
+    assert not health_changed(fresh, again)
+    later = record_success(fresh, T0 + SUCCESS_PRECISION)
+    assert health_changed(fresh, later)
+    failing = replace(fresh, consecutive_failures=2, last_failure_class="timeout")
+    assert health_changed(failing, record_success(failing, T0 + timedelta(seconds=1)))
