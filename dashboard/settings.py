@@ -185,6 +185,10 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fixup closes the worker's connection pool around each task
+# unless told to reuse it: once per this many tasks instead (tasks/celery.py
+# returns the connection to the pool after every task).
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 500, minimum=1)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

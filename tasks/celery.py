@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_process_init, worker_ready
+from celery.signals import beat_init, task_postrun, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
@@ -45,3 +45,13 @@ def _record_scheduler_start(sender=None, **_kwargs) -> None:
     from tasks.jobs import record_heartbeat
 
     record_heartbeat("scheduler", "beat (starting)")
+
+
+@task_postrun.connect
+def _return_database_connection(**_kwargs) -> None:
+    # Back to the process's pool after each task (a broken one is dropped).
+    # Celery's Django fixup would close the whole pool around every task, so a
+    # new PostgreSQL connection per stage; CELERY_DB_REUSE_MAX spaces that out.
+    from django.db import close_old_connections
+
+    close_old_connections()
