@@ -23,7 +23,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from dashboard.queries import segments as queries
 from dashboard.status import human_duration
 from governance import services, time_source
-from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
 
 PAGE_SIZE = 25
 TIMELINE_PAGE = 50
@@ -41,7 +41,7 @@ def _rule(delays) -> dict[str, object]:
     return {
         "text": RULE_TEXT,
         "delays": [human_duration(delay) for delay in delays],
-        "max_sends": 1 + len(delays),
+        "max_sends": max_sends(delays),
         "actions": BOUNDARY_ACTIONS_TEXT,
     }
 

@@ -9,7 +9,12 @@ from urllib.parse import urlsplit, urlunsplit
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from governance.rules.refusal import MAX_REFUSAL_REPROBES, REFUSAL_REPROBE_DELAYS, RULE_TEXT
+from governance.rules.refusal import (
+    MAX_REFUSAL_REPROBES,
+    REFUSAL_REPROBE_DELAYS,
+    RULE_TEXT,
+    max_sends,
+)
 from tasks.jobs import read_heartbeat
 from tasks.telemetry import exporter_mode
 
@@ -91,5 +96,5 @@ def refusal_rule_summary() -> dict[str, object]:
         "text": RULE_TEXT,
         "delays": [human_duration(delay) for delay in REFUSAL_REPROBE_DELAYS],
         "max_reprobes": MAX_REFUSAL_REPROBES,
-        "max_sends": 1 + MAX_REFUSAL_REPROBES,
+        "max_sends": max_sends(),
     }

@@ -48,10 +48,14 @@ def _record_scheduler_start(sender=None, **_kwargs) -> None:
 
 
 @task_postrun.connect
-def _return_database_connection(**_kwargs) -> None:
+def _return_database_connection(sender=None, **_kwargs) -> None:
     # Back to the process's pool after each task (a broken one is dropped).
     # Celery's Django fixup would close the whole pool around every task, so a
     # new PostgreSQL connection per stage; CELERY_DB_REUSE_MAX spaces that out.
-    from django.db import close_old_connections
+    # An eager task runs inside its caller's work: its connection stays.
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    from django.db import close_old_connections, connection
 
-    close_old_connections()
+    if not connection.in_atomic_block:
+        close_old_connections()

@@ -17,7 +17,7 @@ RULES = REPO_ROOT / "governance" / "rules"
 SOURCE_ROOTS = ("governance", "tasks", "dashboard")
 # Public surface kept on purpose, each with its reason.
 KEPT = {
-    "refusal.refusal_notice": "the refusal rule's fixed public surface (one notice, the most severe)",
+    "refusal.refusal_notice": "the refusal rule's fixed public surface (the most severe notice)",
     "publication.declare_attachment": "R7.2 attachment facts: no attachment store exists yet",
     "publication.mark_attachment_saved": "R7.2 attachment facts: no attachment store exists yet",
 }

@@ -190,7 +190,12 @@ def test_allow_list_names_files_that_exist():
 
 def test_the_scan_covers_the_entry_points_and_skips_only_the_readers():
     scanned = {p.relative_to(REPO_ROOT).as_posix() for p in scanned_files()}
-    assert {"manage.py", "tasks/stages/model_turn.py", "tasks/span_store.py", "tasks/celery.py"} <= scanned
+    assert {
+        "manage.py",
+        "tasks/stages/model_turn.py",
+        "tasks/span_store.py",
+        "tasks/celery.py",
+    } <= scanned
     assert {"dashboard/asgi.py", "dashboard/management/commands/up.py"} <= scanned
     assert scanned.isdisjoint(READERS)
 

@@ -19,7 +19,7 @@ from governance.models import (
     Stage,
 )
 from governance.rules.health import health_verdict
-from governance.rules.refusal import refusal_verdict
+from governance.rules.refusal import max_sends, refusal_verdict
 
 CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
 MAX_CLOCK_SAMPLES = 5000
@@ -59,7 +59,7 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
                 "provider_id": row.provider_id,
                 "state": verdict.state,
                 "refusals": row.refusals,
-                "max_sends": 1 + len(delays),
+                "max_sends": max_sends(delays),
                 "next_probe_at": verdict.next_probe_at,
                 "refused_at": row.refused_at,
             }

@@ -30,7 +30,7 @@ from governance.rules.health import (
     HealthVerdict,
     health_verdict,
 )
-from governance.rules.refusal import refusal_verdict
+from governance.rules.refusal import max_sends, refusal_verdict
 
 RECENT = timedelta(hours=24)
 MAX_SEGMENTS_SHOWN = 10
@@ -174,7 +174,7 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
                 thread_title=str(refusal.segment.thread),
                 state=verdict.state,
                 refusals=refusal.refusals,
-                max_sends=1 + len(delays),
+                max_sends=max_sends(delays),
                 refused_at=refusal.refused_at,
                 next_probe_at=verdict.next_probe_at,
             )

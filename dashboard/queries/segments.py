@@ -30,6 +30,7 @@ from governance.models import (
 from governance.rules.refusal import (
     ProviderRefusal,
     RefusalError,
+    max_sends,
     refusal_from_card,
     refusal_verdict,
     refused_at_datetime,
@@ -92,7 +93,7 @@ def provider_states(
                 or models.get(provider_id, ""),
                 state=verdict.state,
                 refusals=(refusal.refusals if refusal else 0),
-                max_sends=1 + len(delays),
+                max_sends=max_sends(delays),
                 reprobes=verdict.reprobes,
                 refused_at=refused_at_datetime(refusal) if refusal else None,
                 next_probe_at=verdict.next_probe_at,

@@ -30,6 +30,13 @@ REFUSAL_REPROBE_DELAYS: tuple[timedelta, ...] = (
 )
 MAX_REFUSAL_REPROBES = len(REFUSAL_REPROBE_DELAYS)
 
+
+def max_sends(delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS) -> int:
+    """R3.2: the most segment-level sends a (segment, provider) ever gets: the
+    first refusal plus one re-probe per delay, then frozen until a boundary."""
+    return 1 + len(delays)
+
+
 # R3.7: the one description of the rule. Every text that describes it —
 # comments, the card shown to the model, notifications, dashboard copy —
 # uses these words.
@@ -240,7 +247,7 @@ def _notice(
     reprobes = max(verdict.reprobes for _, verdict in group)
     names = ", ".join(ids)
     states = "; ".join(f"{r.provider_id}: {_verdict_words(v, r)}" for r, v in group)
-    sends = 1 + len(delays)
+    sends = max_sends(delays)
     if severity == "critical":
         text = (
             f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "

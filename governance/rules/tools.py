@@ -35,6 +35,38 @@ def tool_key(run_id: str, turn_stage: int, index: int, call_id: str) -> str:
     return f"run:{run_id}:turn{turn_stage}:{index}:{call_id}"
 
 
+# R5.2: a search also draws from the run's own search quota.
+SEARCH_TOOLS = frozenset({"kb_search"})
+
+
+@dataclass(frozen=True)
+class ToolAdmission:
+    """What a call must be admitted for before it is made (R5.2): its resources,
+    each with the ledger key suffix and the words when it is refused."""
+
+    resource: str
+    key_suffix: str
+    refused_words: str
+
+
+def tool_admissions(name: str) -> tuple[ToolAdmission, ...]:
+    """R5.2: every call draws a tool call; a search also draws from the search
+    quota (exhausted, it refuses new searches, not results already fetched)."""
+    admissions = [ToolAdmission("tool_calls", "tool", "the tool-call budget is used up")]
+    if name in SEARCH_TOOLS:
+        admissions.append(
+            ToolAdmission("web_searches", "search", "the search quota is used up (R5.2)")
+        )
+    return tuple(admissions)
+
+
+def surface_refusal(name: str, tool_surface: Sequence[str]) -> str | None:
+    """R1.2: a call outside the segment's tool surface is refused by its executor."""
+    if name in tool_surface:
+        return None
+    return f"{name} is not in this segment's tool surface"
+
+
 ReceiptStep = Literal["read_back", "verify", "perform"]
 
 

@@ -153,6 +153,15 @@ def attempt_outcome(
     return AttemptOutcome("failed", failure_class=classification.failure_class)
 
 
+def ledger_purpose(kind: str, *, recovery: bool) -> str:
+    """R5.3: what a model request is for on the ledger. Re-renders, re-probes
+    and recoveries draw from the same balance as the original; the purpose only
+    says why the request was made."""
+    if recovery:
+        return "recovery"
+    return {"re_render": "rerender", "re_probe": "reprobe"}.get(kind, "original")
+
+
 def dispatch_outcome(
     *, cancel_requested: bool, permitted: bool, budget_admitted: bool
 ) -> AttemptOutcome | None:

@@ -37,6 +37,7 @@ from django.db.models import F, Q
 
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
 from governance.services.audit import audit
+from governance.services.broker import send_by_name
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,8 @@ def _publish(delivery_ids: list[int]) -> None:
         return
 
     def send() -> None:
-        from celery import current_app
-
         for delivery_id in delivery_ids:
-            current_app.send_task(DELIVER_TASK, args=[delivery_id])
+            send_by_name(DELIVER_TASK, [delivery_id])
 
     transaction.on_commit(send, robust=True)
 

@@ -42,6 +42,7 @@ from governance.rules.publication import (
     delivery_evidence,
     settlement_from_facts,
 )
+from governance.services.broker import send_by_name
 
 SIGNATURE_HEADER = "X-Governance-Signature"
 TIMESTAMP_HEADER = "X-Governance-Timestamp"
@@ -303,12 +304,6 @@ def publish(callback_id: int) -> None:
     the beat sweep (``due_ids``)."""
 
     def send() -> None:
-        from celery import current_app
-
-        task = current_app.tasks.get(DELIVER_TASK)
-        if task is not None:  # registered here: honours eager mode
-            task.delay(callback_id)
-        else:
-            current_app.send_task(DELIVER_TASK, args=[callback_id])
+        send_by_name(DELIVER_TASK, [callback_id])
 
     transaction.on_commit(send, robust=True)

@@ -20,7 +20,7 @@ from governance.models import (
     TurnRefusalMemo,
 )
 from governance.rules import health as health_rules
-from governance.rules.refusal import ProviderRefusal, card_entry, refusal_verdict
+from governance.rules.refusal import ProviderRefusal, card_entry, max_sends, refusal_verdict
 from governance.rules.refusal import refused_at_datetime as refusal_datetime
 from governance.rules.routing import TurnOutcome
 from governance.rules.turns import TurnCall
@@ -155,7 +155,7 @@ def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:
             state=verdict.state,
             reprobes=verdict.reprobes,
             next_probe_at=verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
-            max_sends=1 + len(reprobe_delays()),
+            max_sends=max_sends(reprobe_delays()),
         )
         rows.append(entry)
     return rows

@@ -44,6 +44,7 @@ from governance.rules.refusal import ProviderRefusal, no_eligible_provider_notic
 from governance.rules.turns import StageConclusion
 from governance.services import callbacks
 from governance.services.alerts import emit_notice
+from governance.services.broker import send_by_name
 from governance.services.budget import budget_view
 from governance.services.events import FACT_KINDS, facts_event, facts_of
 from governance.services.health import apply_health_moves, provider_health
@@ -90,19 +91,11 @@ def publish(stage_ids: Sequence[int], countdowns: Mapping[int, float] | None = N
     The task is reached by name, so governance never imports the execution
     layer; a lost publish is found by the watchdog's sweep.
     """
-
-    def send(stage_id: int, countdown: float) -> None:
-        from celery import current_app
-
-        task = current_app.tasks.get(STAGE_TASK)
-        if task is not None:  # registered here: honours eager mode (demo, tests)
-            task.apply_async(args=[stage_id], countdown=countdown or None)
-        else:
-            current_app.send_task(STAGE_TASK, args=[stage_id], countdown=countdown or None)
-
     for stage_id in stage_ids:
         delay = (countdowns or {}).get(stage_id, 0.0)
-        transaction.on_commit(lambda sid=stage_id, d=delay: send(sid, d))
+        transaction.on_commit(
+            lambda sid=stage_id, d=delay: send_by_name(STAGE_TASK, [sid], countdown=d)
+        )
 
 
 # --------------------------------------------------------------------------- claim

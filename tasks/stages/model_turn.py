@@ -78,9 +78,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         provider = providers[candidate.provider_id]
         step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
         now = time_source.now()
-        purpose = "recovery" if stage.payload.get("recovery") else {
-            "re_render": "rerender", "re_probe": "reprobe"
-        }.get(kind, "original")  # fmt: skip
+        purpose = turns.ledger_purpose(kind, recovery=bool(stage.payload.get("recovery")))
         admission = ledger.admit(
             run, "model_requests", 1, f"stage{stage.id}:{provider.provider_id}:{kind}:{step}",
             purpose, for_finalization=final, now=now,

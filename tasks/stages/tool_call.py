@@ -65,14 +65,12 @@ def _perform(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
 
 
 def _admit_and_run(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
-    if call["name"] not in stage_service.tool_surface(run):
-        return "refused", None, f"{call['name']} is not in this segment's tool surface"
-    admission = ledger.admit(run, "tool_calls", 1, f"{key}:tool", now=now)
-    if not admission.admitted:
-        return "refused", None, "the tool-call budget is used up"
-    if call["name"] == "kb_search":
-        search = ledger.admit(run, "web_searches", 1, f"{key}:search", now=now)
-        if not search.admitted:
-            return "refused", None, "the search quota is used up (R5.2)"
+    refused = tool_rules.surface_refusal(call["name"], stage_service.tool_surface(run))
+    if refused:
+        return "refused", None, refused
+    for need in tool_rules.tool_admissions(call["name"]):
+        admission = ledger.admit(run, need.resource, 1, f"{key}:{need.key_suffix}", now=now)
+        if not admission.admitted:
+            return "refused", None, need.refused_words
     result = run_tool(call["name"], call["arguments"], idempotency_key=key)
     return result.effect, result.output, result.error

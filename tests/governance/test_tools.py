@@ -407,3 +407,15 @@ def test_r6_4_verification_facts_follow_the_executors_proof(verdict_states, atte
         assert conclusion.next_work == resume["replay"]
     else:
         assert conclusion.next_work == resume["next"]
+
+
+def test_r5_2_every_call_draws_a_tool_call_and_a_search_also_its_quota():
+    """R5.2: a search draws from its own quota as well; other tools only from tool calls."""
+    from governance.rules.tools import surface_refusal, tool_admissions
+
+    assert [a.resource for a in tool_admissions("calculator")] == ["tool_calls"]
+    assert [a.resource for a in tool_admissions("kb_search")] == ["tool_calls", "web_searches"]
+    keys = [a.key_suffix for a in tool_admissions("kb_search")]
+    assert len(set(keys)) == len(keys)  # one ledger key per resource (R5.4)
+    assert surface_refusal("calculator", ("calculator",)) is None
+    assert "tool surface" in surface_refusal("webhook", ("calculator",))

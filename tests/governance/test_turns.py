@@ -1058,3 +1058,15 @@ def test_r2_3_r4_4_r6_2_turn_conclusions_hold_their_invariants(a, b, final, incr
             assert [f.owner for f in conclusion.facts] == [lc.Owner.CLOCK]
     if outcome.result == "interrupted":
         assert conclusion.timeout_name == "interrupted"
+
+
+def test_r5_3_retries_and_reprobes_draw_from_the_same_ledger_with_their_purpose():
+    """R5.3: re-renders, re-probes and recoveries are model requests like the
+    original; the purpose only says why."""
+    from governance.rules.turns import ledger_purpose
+
+    assert ledger_purpose("original", recovery=False) == "original"
+    assert ledger_purpose("fallback", recovery=False) == "original"
+    assert ledger_purpose("re_render", recovery=False) == "rerender"
+    assert ledger_purpose("re_probe", recovery=False) == "reprobe"
+    assert ledger_purpose("re_probe", recovery=True) == "recovery"
