@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from governance.models import (
     BudgetAccount,
     Run,
+    RunEvent,
     Settlement,
     Stage,
     Thread,
@@ -22,7 +23,7 @@ from governance.models import (
 from governance.rules import lifecycle as lc
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
-from governance.services.events import FACT_KINDS, facts_of, new_event, record_event, record_fact
+from governance.services.events import FACT_KINDS, facts_of, new_event, record_fact
 from governance.services.threads import open_segment
 
 
@@ -261,31 +262,14 @@ def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settleme
     """R6.5: written once; a repeat returns the settlement that stands."""
     try:
         with transaction.atomic():
-            row = Settlement.objects.create(
-                run=run,
-                outcome=settlement.outcome.value,
-                reason_code=settlement.reason_code.value,
-                reason=settlement.reason,
-                unknown_effects=list(settlement.unknown_effects),
-                settled_at=now,
-            )
+            events: list = []
+            row, created = settlement_row(run, settlement, now, events)
+            if created:
+                RunEvent.objects.bulk_create(events)
+                Run.objects.filter(id=run.id).update(status=Run.Status.SETTLED, phase="settled")
     except IntegrityError:
         return Settlement.objects.get(run=run), False
-    Run.objects.filter(id=run.id).update(status=Run.Status.SETTLED, phase="settled")
-    run.status, run.phase = Run.Status.SETTLED, "settled"
-    record_event(
-        run,
-        "settlement",
-        now,
-        {
-            "outcome": row.outcome,
-            "reason_code": row.reason_code,
-            "reason": row.reason,
-            "unknown_effects": row.unknown_effects,
-        },
-        segment=run.segment,
-    )
-    return row, True
+    return row, created
 
 
 def settlement_row(
