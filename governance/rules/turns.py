@@ -92,6 +92,12 @@ def turn_increment(stage_increment: Sequence[Message], *, final: bool) -> list[M
     return [dict(item) for item in stage_increment]
 
 
+def offered_tools(tool_surface: Sequence[str], *, final: bool) -> tuple[str, ...]:
+    """The tools the model is offered: the segment's surface (R1.2), none to the
+    one finalization, which uses accepted material only (R6.3)."""
+    return () if final else tuple(tool_surface)
+
+
 def sent_increment(increment: Sequence[Message], kind: str, rerender_level: int) -> list[Message]:
     """The increment as an attempt of ``kind`` sends it (R3.1)."""
     if kind == "history_only":

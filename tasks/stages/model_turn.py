@@ -69,7 +69,8 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         turn_memory=context.memory,
         request_digest=None,
     )
-    tools = () if final else tuple(TOOL_SPECS[n] for n in segment.tool_surface if n in TOOL_SPECS)
+    offered = turns.offered_tools(segment.tool_surface, final=final)
+    tools = tuple(TOOL_SPECS[name] for name in offered if name in TOOL_SPECS)
     progress = _Progress(run, context.last_progress_at)
     calls: list[turns.TurnCall] = []
     steps: dict[str, int] = {}

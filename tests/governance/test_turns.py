@@ -1070,3 +1070,12 @@ def test_r5_3_retries_and_reprobes_draw_from_the_same_ledger_with_their_purpose(
     assert ledger_purpose("re_render", recovery=False) == "rerender"
     assert ledger_purpose("re_probe", recovery=False) == "reprobe"
     assert ledger_purpose("re_probe", recovery=True) == "recovery"
+
+
+def test_r6_3_the_one_finalization_is_offered_no_tools():
+    """R6.3: finalization uses accepted material only; a research turn is offered
+    the segment's tool surface (R1.2)."""
+    from governance.rules.turns import offered_tools
+
+    assert offered_tools(("calculator", "kb_search"), final=False) == ("calculator", "kb_search")
+    assert offered_tools(("calculator",), final=True) == ()
