@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
 
+from governance.rules.health import TIME_BASED_CLASSES
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 # ---------------------------------------------------------------------------
@@ -151,8 +152,9 @@ RESOURCES = frozenset(
 ORDINARY_RESEARCH_RESOURCE = "model_requests"
 OUTPUT_RESERVE = "output_reserve"
 
-# R2.1: the classes that time repairs. Refusal (R3), auth and bad_request are not transient.
-TRANSIENT_FAILURE_CLASSES = frozenset({"server_error", "rate_limited", "timeout", "network"})
+# R2.1: the classes that time repairs (one set with the health rule). Refusal
+# (R3), auth and bad_request are not transient.
+TRANSIENT_FAILURE_CLASSES = TIME_BASED_CLASSES
 
 _EFFECT_KINDS = frozenset(
     {FactKind.EFFECT_UNKNOWN, FactKind.EFFECT_HAPPENED, FactKind.EFFECT_DID_NOT_HAPPEN}
