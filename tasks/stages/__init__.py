@@ -27,9 +27,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["StaleClaim", "execute_stage", "publish", "run_stage", "watchdog_pass"]
 
+# Model turns and the finalization are run by model_turn with the facts read at the claim.
 HANDLERS = {
-    Stage.Kind.MODEL_TURN: model_turn.execute,
-    Stage.Kind.FINALIZATION: model_turn.execute,
     Stage.Kind.TOOL_CALL: tool_call.execute,
     Stage.Kind.VERIFY_EFFECT: verify_effect.execute,
 }
@@ -94,7 +93,7 @@ def run_stage(stage_id: int) -> str:
     return result
 
 
-def _execute(run: Run, stage: Stage, context):
+def _execute(run: Run, stage: Stage, context: stage_service.TurnContext | None):
     now = time_source.now()
     if run.cancel_requested_at is not None or now >= run.deadline_at:
         conclusion = conclude_stop(cancel_requested=run.cancel_requested_at is not None)
