@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db.models import F
+from django.db.models.functions import Coalesce
+
 from governance.models import (
     Run,
     Stage,
@@ -33,10 +36,24 @@ def open_receipt(
 def close_receipt(
     receipt: ToolReceipt, *, effect: str, output: Any, error: str, now: datetime, verified=False
 ) -> None:
-    receipt.effect = effect
-    receipt.result = output
-    receipt.error = error[:4000]
-    receipt.finished_at = receipt.finished_at or now
+    close_receipt_by_key(
+        receipt.idempotency_key, effect=effect, output=output, error=error, now=now,
+        verified=verified,
+    )  # fmt: skip
+    receipt.refresh_from_db(fields=["effect", "result", "error", "finished_at", "verified_at"])
+
+
+def close_receipt_by_key(
+    key: str, *, effect: str, output: Any, error: str, now: datetime, verified: bool = False
+) -> None:
+    """A receipt's result, as its executor reported or verified it (R4.1, R6.4);
+    the first finish time stands."""
+    updates: dict[str, Any] = {
+        "effect": effect,
+        "result": output,
+        "error": error[:4000],
+        "finished_at": Coalesce(F("finished_at"), now),
+    }
     if verified:
-        receipt.verified_at = now
-    receipt.save(update_fields=["effect", "result", "error", "finished_at", "verified_at"])
+        updates["verified_at"] = now
+    ToolReceipt.objects.filter(idempotency_key=key).update(**updates)

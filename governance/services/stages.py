@@ -20,8 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 
 from governance.models import (
     BodyChunk,
@@ -46,8 +45,9 @@ from governance.services import callbacks
 from governance.services.alerts import emit_notice
 from governance.services.broker import send_by_name
 from governance.services.budget import budget_view
-from governance.services.events import FACT_KINDS, facts_event, facts_of
+from governance.services.events import facts_event
 from governance.services.health import apply_health_moves, provider_health
+from governance.services.receipts import close_receipt_by_key
 from governance.services.refusals import (
     attempt_rows,
     record_turn,
@@ -60,6 +60,7 @@ from governance.services.runs import (
     claim_stage,
     decision_entry,
     enqueue_stage,
+    finish_stage,
     run_facts,
     settlement_row,
 )
@@ -347,7 +348,10 @@ def close_stage(
             for provider_id, digest in conclusion.turn_refusals:
                 remember_turn_refusal(providers[provider_id], digest, now)
         for receipt in conclusion.receipts:
-            _close_receipt(receipt, now)
+            close_receipt_by_key(
+                receipt.key, effect=receipt.effect, output=receipt.output,
+                error=receipt.error, now=now, verified=receipt.verified,
+            )  # fmt: skip
         if conclusion.history:
             # One turn at a time per thread: nothing else appended since the gather.
             append_history(
@@ -473,31 +477,10 @@ def _no_provider_alert(run: Run, decision: lc.Decision, segment: Segment, now: d
     return created
 
 
-def _close_receipt(receipt, now: datetime) -> None:
-    updates: dict[str, Any] = {
-        "effect": receipt.effect,
-        "result": receipt.output,
-        "error": receipt.error[:4000],
-        "finished_at": Coalesce(F("finished_at"), now),
-    }
-    if receipt.verified:
-        updates["verified_at"] = now
-    ToolReceipt.objects.filter(idempotency_key=receipt.key).update(**updates)
-
-
-def mark_progress_now(run: Run, at: datetime) -> None:
-    """R6.1: business progress seen mid-stage (written at most every few seconds;
-    the stage's close writes the latest)."""
-    Run.objects.filter(id=run.id, last_progress_at__lt=at).update(last_progress_at=at)
-
-
 def finish_skipped(stage: Stage, now: datetime) -> None:
     """A stage delivered after its run settled starts nothing."""
-    with transaction.atomic():
-        if Stage.objects.filter(id=stage.id, finished_at__isnull=True).update(
-            finished_at=now, outcome="skipped", detail="run already settled", clocks={}
-        ):
-            stage.finished_at, stage.outcome = now, "skipped"
+    if finish_stage(stage, outcome="skipped", now=now, detail="run already settled"):
+        stage.finished_at, stage.outcome = now, "skipped"
 
 
 # --------------------------------------------------------------------------- watchdog
@@ -508,7 +491,6 @@ class WatchedRun:
     run: Run
     held: bool  # a live claim holds one of its stages
     stale: list[int]  # stages to send again: a lost publish or a dead holder
-    no_progress_decided: bool  # a no-progress fact was already recorded
 
 
 def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]:
@@ -519,15 +501,6 @@ def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]
         open_stages: dict[Any, list[Stage]] = {}
         for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
             open_stages.setdefault(stage.run_id, []).append(stage)
-        # Runs past their no-progress limit: was that already decided? (rare; read their facts)
-        decided = {
-            run_id
-            for run_id, metadata in RunEvent.objects.filter(
-                run__in=[r for r in runs if now - r.last_progress_at >= _no_progress(r)],
-                kind__in=FACT_KINDS,
-            ).values_list("run_id", "metadata")
-            if any(f.kind is lc.FactKind.NO_PROGRESS_TIMEOUT for f in facts_of(metadata))
-        }
         for run in runs:
             stages = open_stages.get(run.id, [])
             live = [s for s in stages if s.claimed_at and s.claimed_at >= now - lease()]
@@ -537,12 +510,13 @@ def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]
                 if (s.claimed_at is None and s.enqueued_at < now - stale_after)
                 or (s.claimed_at is not None and s.claimed_at < now - lease())
             ]
-            watched.append(WatchedRun(run, bool(live), stale, run.id in decided))
+            watched.append(WatchedRun(run, bool(live), stale))
     return watched
 
 
-def _no_progress(run: Run) -> timedelta:
-    return timedelta(seconds=run.no_progress_limit_s)
+def has_fact(run: Run, kind: lc.FactKind) -> bool:
+    """Whether an owner already reported a fact of this kind on the run."""
+    return any(fact.kind is kind for fact in run_facts(run, read_settlement=False).facts)
 
 
 def record_breach(run: Run, conclusion: StageConclusion, now: datetime) -> bool:

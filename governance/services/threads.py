@@ -213,10 +213,10 @@ def apply_boundary(
                 segment_rules.history_after_boundary(
                     segment_rules.History(tuple(item.content for item in history)),
                     transition,
-                    summary or None,
+                    summary,
                 )
-                if history or transition.history != "summarize"
-                else segment_rules.History()
+                if history
+                else segment_rules.History()  # nothing to keep, summarize or drop
             )
             session = ThreadSession.objects.create(
                 id=transition.opened.session_id,

@@ -22,7 +22,7 @@ from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
-from governance.services.runs import cancel_requested, run_goal
+from governance.services.runs import cancel_requested, mark_progress, run_goal
 from tasks import instrumentation as spans
 from tasks.adapters import call_provider
 from tasks.adapters.base import (
@@ -211,7 +211,7 @@ class _Progress:
         if stream_event_is_progress(event.kind) and event.at > self.at:
             self.at = event.at
             if self.at - self.written >= PROGRESS_WRITE_EVERY:
-                stage_service.mark_progress_now(self.run, self.at)
+                mark_progress(self.run, self.at)
                 self.written = self.at
 
 

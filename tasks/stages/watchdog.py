@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from governance import time_source
+from governance.rules import lifecycle as lc
 from governance.rules import run_clocks
 from governance.rules.turns import conclude_breach
 from governance.services import stages as stage_service
@@ -27,7 +28,11 @@ def watchdog_pass(*, stale_after: timedelta = timedelta(minutes=2)) -> dict[str,
             ),
             no_progress_limit=timedelta(seconds=run.no_progress_limit_s),
         )
-        if verdict is not None and verdict.name == "no_progress" and watched.no_progress_decided:
+        if (
+            verdict is not None
+            and verdict.name == "no_progress"
+            and stage_service.has_fact(run, lc.FactKind.NO_PROGRESS_TIMEOUT)
+        ):
             verdict = None  # already decided (finalization or settlement); not twice
         if verdict is not None and not watched.held:
             if stage_service.record_breach(run, conclude_breach(verdict.name.value), now):
