@@ -376,6 +376,9 @@ def sql_http_celery_and_request_spans(provider):
             cursor.execute("SELECT 1")
     finally:
         PsycopgInstrumentor.uninstrument_connection(connection.connection)
+        # uninstrument_connection leaves the flag set; the pool hands this very
+        # connection to the next test, whose instrument_connection would skip it.
+        connection.connection._is_instrumented_by_opentelemetry = False
     # The httpx client span of the provider call, a Celery span, a request span
     # that new_run_trace tagged with the run id.
     tracer = provider.get_tracer("tests.auto")
