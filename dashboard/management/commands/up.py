@@ -1,18 +1,16 @@
 """Run the whole system: migrate, ensure the demo admin and users (and seed the demo
 scenario on an empty database), then web + worker + scheduler.
 
-One foreground command for a fresh machine. Ctrl-C stops all three; if one
-of them dies, the others are stopped too and the exit code says so.
+One foreground command for a fresh machine. If one of the three dies, it is
+logged and restarted after a backoff (dashboard/supervisor.py) while the
+others keep running; Ctrl-C (or SIGTERM) stops all three.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from django.conf import settings
@@ -21,6 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.management.commands.demo import ensure_demo_users
+from dashboard.supervisor import Supervisor
 from governance.models import Thread
 
 DEMO_USERNAME = "admin"
@@ -114,37 +113,9 @@ class Command(BaseCommand):
         self._supervise(commands)
 
     def _supervise(self, commands: dict[str, list[str]]) -> None:
-        base_dir = Path(settings.BASE_DIR)
-        children = {
-            name: subprocess.Popen(command, cwd=base_dir) for name, command in commands.items()
-        }
-        self.stdout.write(
-            f"Started {', '.join(f'{n} (pid {p.pid})' for n, p in children.items())}."
-        )
-        stopping = {"signal": None}
+        def log(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
 
-        def request_stop(signum, _frame):
-            stopping["signal"] = signum
-
-        signal.signal(signal.SIGINT, request_stop)
-        signal.signal(signal.SIGTERM, request_stop)
-        failed = None
-        while stopping["signal"] is None and failed is None:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    failed = name
-                    break
-            time.sleep(0.5)
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for child in children.values():
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-        if failed is not None:
-            code = children[failed].returncode
-            raise CommandError(f"{failed} exited with code {code}; stopped the others")
+        Supervisor(commands, cwd=Path(settings.BASE_DIR), log=log).run()
         self.stdout.write("Stopped web, worker and scheduler.")
