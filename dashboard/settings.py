@@ -256,9 +256,16 @@ GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS = env_int(
 GOVERNANCE_CALLBACK_TIMEOUT_SECONDS = env_int("GOVERNANCE_CALLBACK_TIMEOUT_SECONDS", 10, minimum=1)
 # A callback left "sending" this long lost its worker; the next attempt may go.
 GOVERNANCE_CALLBACK_LEASE_SECONDS = env_int("GOVERNANCE_CALLBACK_LEASE_SECONDS", 300, minimum=1)
-# Stage execution (tasks/stages/): a stage claim older than this belongs to a
-# worker that died and may be claimed again.
-GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 600, minimum=1)
+# Stage execution (tasks/stages/): a stage's holder renews its lease every
+# third of this while the stage runs (a heartbeat, apart from the stage's time
+# budget); a holder that stops renewing is taken over once the lease ends, and
+# at once when its process is known to be gone.
+GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 30, minimum=3)
+# A stage never claimed this long after it was queued lost its message (the
+# broker was down or flushed): the watchdog sends it again.
+GOVERNANCE_STAGE_RESEND_AFTER_SECONDS = env_int(
+    "GOVERNANCE_STAGE_RESEND_AFTER_SECONDS", 120, minimum=1
+)
 # An unknown webhook effect is verified this long after the turn (0: at once).
 GOVERNANCE_VERIFY_DELAY_SECONDS = env_float("GOVERNANCE_VERIFY_DELAY_SECONDS", 0.0, minimum=0)
 RUN_DEFAULT_DEADLINE_S = env_int("GOVERNANCE_RUN_DEADLINE_SECONDS", 1800, minimum=1)

@@ -48,10 +48,28 @@ def database_status() -> ComponentStatus:
     return ComponentStatus("database", True, vendor)
 
 
+def broker_status() -> ComponentStatus:
+    """Whether the broker takes a connection now (a short, bounded probe).
+    The detail names the broker's URL without its password; /healthz, which
+    answers anyone, leaves the URL out."""
+    from tasks.celery import app
+
+    where = redact_url(settings.CELERY_BROKER_URL)
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=2)
+    except Exception as exc:  # any transport's failure means "not reachable now"
+        return ComponentStatus("broker", False, f"{where}: unreachable ({type(exc).__name__})")
+    return ComponentStatus("broker", True, where)
+
+
 def heartbeat_status(component: str, now: datetime) -> ComponentStatus:
     # A component is late after three missed beats.
     stale_after = 3 * settings.HEARTBEAT_SECONDS
-    beat = read_heartbeat(component)
+    try:
+        beat = read_heartbeat(component)
+    except Exception as exc:  # the heartbeat store (the cache) is away
+        return ComponentStatus(component, False, f"heartbeat unreadable ({type(exc).__name__})")
     if not beat or not beat.get("at"):
         return ComponentStatus(component, False, "no heartbeat yet")
     seen = datetime.fromisoformat(beat["at"])
@@ -84,7 +102,7 @@ def human_duration(delay: timedelta) -> str:
 def system_status(now: datetime) -> list[ComponentStatus]:
     return [
         database_status(),
-        ComponentStatus("broker", True, redact_url(settings.CELERY_BROKER_URL)),
+        broker_status(),
         heartbeat_status("worker", now),
         heartbeat_status("scheduler", now),
         ComponentStatus("telemetry", True, _TELEMETRY_WORDS[exporter_mode()]),

@@ -51,17 +51,21 @@ def _clock_scale(clocks: list[dict]) -> int:
 @require_GET
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Liveness for load balancers: 200 when the database answers, else 503."""
+    """Liveness for load balancers: 200 when the database and the broker
+    answer, else 503 with the same JSON report naming what is down."""
     components = system_status(datetime.now(UTC))
     body = {
         component.name: {
             "ok": component.ok,
-            "detail": component.detail,
+            # Never expose connection details unauthenticated.
+            "detail": component.detail
+            if component.name != "broker"
+            else ("reachable" if component.ok else "unreachable"),
             "age_seconds": component.age_seconds,
         }
         for component in components
-        if component.name != "broker"  # never expose connection details unauthenticated
     }
-    database_ok = body["database"]["ok"]
-    body["ok"] = database_ok
-    return JsonResponse(body, status=200 if database_ok else 503)
+    ok = body["database"]["ok"] and body["broker"]["ok"]
+    body["ok"] = ok
+    body["down"] = [name for name in ("database", "broker") if not body[name]["ok"]]
+    return JsonResponse(body, status=200 if ok else 503)

@@ -229,7 +229,13 @@ class Stage(models.Model):
     detail = models.TextField(blank=True)
     clocks = models.JSONField(default=dict, blank=True)  # the four clocks in ms (R6.1)
     deliveries = models.PositiveIntegerField(default=0)  # how often a worker picked it up
-    claimed_at = models.DateTimeField(null=True, blank=True)  # the current holder's lease
+    claimed_at = models.DateTimeField(null=True, blank=True)  # when the current holder took it
+    # Who holds the stage ("host/pid-namespace/pid/token", services.claims) and
+    # until when: the holder's heartbeat renews the lease while the stage runs.
+    holder = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # Waiting behind the thread's turn in flight; woken by that turn's close.
+    parked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "seq"]
@@ -345,6 +351,12 @@ class BudgetEntry(models.Model):
     purpose = models.CharField(max_length=32)
     for_finalization = models.BooleanField(default=False)
     created_at = models.DateTimeField()
+    # The stage that drew it: a use whose holder died before it recorded the
+    # attempt has no known outcome (R5.3: its retry draws from the same balance).
+    stage = models.ForeignKey(
+        "Stage", null=True, blank=True, on_delete=models.SET_NULL, related_name="ledger_entries"
+    )
+    outcome = models.CharField(max_length=16, blank=True)  # "" or "unknown"
 
     class Meta:
         ordering = ["id"]

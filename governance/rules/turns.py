@@ -537,6 +537,17 @@ def conclude_local_failure(stage_kind: str, stage_seq: int, words: str) -> Stage
     return StageConclusion(outcome="error", facts=(fact,), detail=words)
 
 
+def conclude_unwatchable(words: str) -> StageConclusion:
+    """R6.1/R4.1: the clocks cannot be read from what the run stored at
+    admission (a rule raised on its values). The guard reports that the run's
+    admitted limits no longer hold; the lifecycle stops and settles it."""
+    fact = lc.OwnerFact(
+        lc.Owner.GUARD, lc.FactKind.IDENTITY_INVALID, "admitted limits",
+        detail=f"the clock watchdog could not read this run's limits: {words}",
+    )  # fmt: skip
+    return StageConclusion(outcome="abandoned", facts=(fact,), detail=words)
+
+
 def conclude_breach(timeout_name: str) -> StageConclusion:
     """R6.1/R6.2: the clock watchdog found a run past its deadline or without
     progress while no stage held it; the clock owns that fact."""

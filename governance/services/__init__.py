@@ -11,6 +11,7 @@ from __future__ import annotations
 from governance.services.alerts import acknowledge_notification, emit_notice
 from governance.services.audit import audit
 from governance.services.budget import admit, budget_view
+from governance.services.claims import holder_gone, renew_leases
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.events import record_event, record_fact
 from governance.services.health import (
@@ -73,6 +74,7 @@ __all__ = [
     "enqueue_stage",
     "finish_stage",
     "health_verdicts",
+    "holder_gone",
     "mark_progress",
     "open_receipt",
     "open_segment",
@@ -85,6 +87,7 @@ __all__ = [
     "refusal_of",
     "refusal_rows_view",
     "remember_turn_refusal",
+    "renew_leases",
     "reprobe_delays",
     "request_cancel",
     "run_facts",

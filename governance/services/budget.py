@@ -10,6 +10,7 @@ from governance.models import (
     BudgetAccount,
     BudgetEntry,
     Run,
+    Stage,
 )
 from governance.rules import budget as budget_rules
 
@@ -40,8 +41,12 @@ def admit(
     *,
     for_finalization: bool = False,
     now: datetime,
+    stage: Stage | None = None,
 ) -> budget_rules.Admission:
-    """R5.1/R5.4: atomic admission against the run's one ledger (row lock)."""
+    """R5.1/R5.4: atomic admission against the run's one ledger (row lock).
+
+    ``stage``: the stage drawing it, so a use whose holder died before it
+    recorded the attempt can be marked as having no known outcome (R5.3)."""
     with transaction.atomic():
         account = BudgetAccount.objects.select_for_update().get(run=run)
         ledger = _ledger(account)
@@ -60,6 +65,7 @@ def admit(
                 purpose=entry.purpose.value,
                 for_finalization=entry.for_finalization,
                 created_at=now,
+                stage=stage,
             )
         return admission
 

@@ -9,22 +9,46 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 
 from governance.models import (
     BudgetAccount,
+    BudgetEntry,
     Run,
     RunEvent,
     Settlement,
     Stage,
     Thread,
 )
+from governance.rules import claims as claim_rules
 from governance.rules import lifecycle as lc
 from governance.services.audit import audit
+from governance.services.claims import holder_gone, new_holder
 from governance.services.errors import ServiceError
 from governance.services.events import FACT_KINDS, facts_of, new_event, record_fact
 from governance.services.threads import open_segment
+
+# What a run may ask for at admission. The clock watchdog reads these values
+# on every pass, so the bounds are checked after conversion to a timedelta
+# (1e-320 s is positive and finite, and still zero once converted).
+DURATION_MIN = timedelta(seconds=1)
+DURATION_MAX = timedelta(days=7)
+BUDGET_MAX = 1_000_000  # per resource
+
+
+def _duration(name: str, value: float | None, default: float) -> float:
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ServiceError(name, "must be a number of seconds")
+    words = f"must be from {DURATION_MIN.total_seconds():g} s to {DURATION_MAX.days} days"
+    try:
+        converted = timedelta(seconds=value)
+    except (OverflowError, ValueError):
+        raise ServiceError(name, words) from None
+    if not DURATION_MIN <= converted <= DURATION_MAX:
+        raise ServiceError(name, words)
+    return converted.total_seconds()
 
 
 def submit_run(
@@ -58,17 +82,18 @@ def submit_run(
     for name, value in (limits or {}).items():
         if name not in merged:
             raise ServiceError("budget", f"unknown resource {name!r}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ServiceError("budget", f"{name} must be a whole number >= 0")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BUDGET_MAX:
+            raise ServiceError("budget", f"{name} must be a whole number from 0 to {BUDGET_MAX:,}")
         merged[name] = value
     durations = {
-        "deadline_s": deadline_s or settings.RUN_DEFAULT_DEADLINE_S,
-        "stage_budget_s": stage_budget_s or settings.RUN_DEFAULT_STAGE_BUDGET_S,
-        "no_progress_s": no_progress_s or settings.RUN_DEFAULT_NO_PROGRESS_S,
+        "deadline_s": _duration("deadline_s", deadline_s, settings.RUN_DEFAULT_DEADLINE_S),
+        "stage_budget_s": _duration(
+            "stage_budget_s", stage_budget_s, settings.RUN_DEFAULT_STAGE_BUDGET_S
+        ),
+        "no_progress_s": _duration(
+            "no_progress_s", no_progress_s, settings.RUN_DEFAULT_NO_PROGRESS_S
+        ),
     }
-    for name, value in durations.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ServiceError(name, "must be a positive number of seconds")
     scopes = sorted(
         getattr(user, "get_all_permissions", lambda: set())()
         if getattr(user, "is_authenticated", False)
@@ -137,24 +162,55 @@ def enqueue_stage(
 
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
-    """Start a stage unless its effect is already recorded (at-least-once delivery).
+    """Take a stage for this process unless a live holder runs it or it is done
+    (R6.5, ``rules.claims.claim_verdict``).
 
-    A finished stage is a no-op. An unfinished one is taken when nobody holds
-    it, or when the holder's lease ran out (its worker died): "another worker
-    got there first" otherwise. ``deliveries`` counts the pick-ups.
+    The row is locked while it is judged. A holder that stopped renewing its
+    lease, or whose process is known to be gone, is taken over at once, and
+    what it drew from the ledger is marked as having no known outcome (R5.3:
+    the retry draws from the same balance). ``deliveries`` counts the pick-ups;
+    the returned stage's ``claim_verdict`` says how it was taken.
     """
-    changed = (
-        Stage.objects.filter(id=stage_id, finished_at__isnull=True)
-        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - lease))
-        .update(
-            deliveries=F("deliveries") + 1,
-            started_at=Coalesce(F("started_at"), now),
-            claimed_at=now,
-        )
+    with transaction.atomic(savepoint=False):  # the caller's transaction, when there is one
+        return _claim(stage_id, now, lease)
+
+
+def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
+    stage = (
+        Stage.objects.select_for_update(of=("self",))
+        .select_related("run", "run__thread", "run__segment")
+        .filter(id=stage_id)
+        .first()
     )
-    if not changed:
+    if stage is None:
         return None
-    return Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage_id)
+    verdict = claim_rules.claim_verdict(
+        claim_rules.ClaimFacts(
+            finished=stage.finished_at is not None,
+            holder=stage.holder,
+            lease_until=stage.lease_until,
+            holder_gone=bool(stage.holder) and holder_gone(stage.holder),
+        ),
+        now,
+    )
+    if verdict in (claim_rules.ClaimVerdict.DONE, claim_rules.ClaimVerdict.HELD):
+        return None
+    stage.deliveries += 1
+    stage.started_at = stage.started_at or now
+    stage.claimed_at, stage.holder, stage.lease_until = now, new_holder(), now + lease
+    stage.parked_at = None
+    Stage.objects.filter(id=stage.id).update(
+        deliveries=stage.deliveries,
+        started_at=stage.started_at,
+        claimed_at=now,
+        holder=stage.holder,
+        lease_until=stage.lease_until,
+        parked_at=None,
+    )
+    if verdict is claim_rules.ClaimVerdict.TAKE_OVER:
+        BudgetEntry.objects.filter(stage_id=stage.id, outcome="").update(outcome="unknown")
+    stage.claim_verdict = verdict
+    return stage
 
 
 def finish_stage(

@@ -19,8 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import DatabaseError, close_old_connections, transaction
 
 from governance.models import (
     BodyChunk,
@@ -35,6 +34,7 @@ from governance.models import (
     ThreadSession,
     ToolReceipt,
 )
+from governance.rules import claims as claim_rules
 from governance.rules import health as health_rules
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
@@ -45,6 +45,7 @@ from governance.services import callbacks
 from governance.services.alerts import emit_notice
 from governance.services.broker import send_by_name
 from governance.services.budget import budget_view
+from governance.services.claims import lease
 from governance.services.events import facts_event
 from governance.services.health import apply_health_moves, provider_health
 from governance.services.receipts import close_receipt_by_key
@@ -71,16 +72,11 @@ log = logging.getLogger(__name__)
 
 STAGE_TASK = "tasks.stages.execute_stage"
 MODEL_STAGES = (Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION)
-TURN_WAIT_S = 2.0  # how long a turn waits for the thread's in-flight turn
 MAX_RECOVERY_WAIT_S = 600.0  # the watchdog's deadline still bounds the run
 
 
 class StaleClaim(Exception):
     """Another worker holds (or finished) this stage: this execution's facts are void."""
-
-
-def lease() -> timedelta:
-    return timedelta(seconds=settings.GOVERNANCE_STAGE_LEASE_SECONDS)
 
 
 # --------------------------------------------------------------------------- publish
@@ -89,13 +85,16 @@ def lease() -> timedelta:
 def publish(stage_ids: Sequence[int], countdowns: Mapping[int, float] | None = None) -> None:
     """Send stages to the broker once the transaction that created them commits.
 
-    The task is reached by name, so governance never imports the execution
-    layer; a lost publish is found by the watchdog's sweep.
+    The broker is not part of the commit: a failed send is logged and the
+    stage stays queued in the database, where the watchdog's sweep finds it
+    (``GOVERNANCE_STAGE_RESEND_AFTER_SECONDS``). The task is reached by name,
+    so governance never imports the execution layer.
     """
     for stage_id in stage_ids:
         delay = (countdowns or {}).get(stage_id, 0.0)
         transaction.on_commit(
-            lambda sid=stage_id, d=delay: send_by_name(STAGE_TASK, [sid], countdown=d)
+            lambda sid=stage_id, d=delay: send_by_name(STAGE_TASK, [sid], countdown=d),
+            robust=True,
         )
 
 
@@ -104,53 +103,102 @@ def publish(stage_ids: Sequence[int], countdowns: Mapping[int, float] | None = N
 
 @dataclass
 class StageStart:
-    """A claimed stage (``stage.claimed_at`` is the claim that must close it)."""
+    """A claimed stage (``stage.holder`` is the claim that must close it)."""
 
     stage: Stage
-    deferred: bool = False  # another turn of the thread is in flight: re-sent shortly
+    waiting: bool = False  # another turn of the thread is in flight: woken by its close
     context: TurnContext | None = None  # a model turn's facts, read with the claim
+    gather_error: Exception | None = None  # reading the facts failed: a local failure
 
 
 def start_stage(stage_id: int, now: datetime) -> StageStart | None:
-    """Claim a stage unless its effect is already recorded (at-least-once delivery).
+    """Claim a stage (``claim_stage``) and read what it needs, in one transaction.
 
-    A finished stage is a no-op. An unfinished one is taken when nobody holds
-    it, or when the holder's lease ran out (its worker died): "another worker
-    got there first" otherwise. ``deliveries`` counts the pick-ups. One model
-    turn at a time per thread (R1.1: one linear history; two runs would both
-    send a due re-probe, R3.2): a later claim steps back and is re-sent.
+    One model turn at a time per thread (``rules.claims.turn_may_start``): a
+    later turn waits behind the one in flight, parked without a message, and
+    the closing transaction of that turn wakes it. A failure while reading
+    the facts keeps the claim and is handed to the caller to record, so no
+    stage is left claimed without a conclusion.
     """
-    with transaction.atomic():
-        stage = claim_stage(stage_id, now, lease=lease())
-        if stage is None:
-            return None
-        run = stage.run
-        if run.status == Run.Status.QUEUED:
-            Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(
-                status=Run.Status.RUNNING
-            )
-            run.status = Run.Status.RUNNING
-        if stage.kind in MODEL_STAGES and run.status != Run.Status.SETTLED:
-            Thread.objects.select_for_update().filter(pk=run.thread_id).first()
-            earlier = (
-                Stage.objects.filter(
-                    run__thread_id=run.thread_id,
-                    kind__in=MODEL_STAGES,
-                    finished_at__isnull=True,
-                    claimed_at__gte=now - lease(),
-                )
-                .exclude(id=stage.id)
-                .filter(Q(claimed_at__lt=now) | Q(claimed_at=now, id__lt=stage.id))
-                .exists()
-            )
-            if earlier:
-                Stage.objects.filter(id=stage.id, claimed_at=now).update(claimed_at=None)
-                publish([stage.id], {stage.id: TURN_WAIT_S})
-                return StageStart(stage, deferred=True)
-            if run.cancel_requested_at is None and now < run.deadline_at:
-                # What the turn reads, in the claim's transaction (one commit fewer).
-                return StageStart(stage, context=turn_context(run, stage.seq, now))
+    try:
+        with transaction.atomic():
+            return _claim_and_gather(stage_id, now)
+    except Exception as exc:  # the claim rolled back with the gather: claim alone
+        log.exception("stage %s: reading its facts failed", stage_id)
+        with transaction.atomic():
+            stage = claim_stage(stage_id, now, lease=lease())
+        return None if stage is None else StageStart(stage, gather_error=exc)
+
+
+def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
+    stage = claim_stage(stage_id, now, lease=lease())
+    if stage is None:
+        return None
+    run = stage.run
+    if run.status == Run.Status.QUEUED:
+        Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(status=Run.Status.RUNNING)
+        run.status = Run.Status.RUNNING
+    if stage.kind not in MODEL_STAGES or run.status == Run.Status.SETTLED:
+        return StageStart(stage)
+    # The thread row serialises the gate with the closes that wake waiting turns.
+    Thread.objects.select_for_update().filter(pk=run.thread_id).first()
+    in_flight = (
+        Stage.objects.filter(
+            run__thread_id=run.thread_id,
+            kind__in=MODEL_STAGES,
+            finished_at__isnull=True,
+            lease_until__gt=now,  # held, or woken and on its way
+        )
+        .exclude(id=stage.id)
+        .exists()
+    )
+    if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
+        Stage.objects.filter(id=stage.id).update(
+            claimed_at=None, holder="", lease_until=None, parked_at=now
+        )
+        stage.holder, stage.parked_at = "", now
+        return StageStart(stage, waiting=True)
+    if run.cancel_requested_at is None and now < run.deadline_at:
+        # What the turn reads, in the claim's transaction (one commit fewer).
+        return StageStart(stage, context=turn_context(run, stage.seq, now))
     return StageStart(stage)
+
+
+def give_up_claim(stage: Stage, now: datetime) -> None:
+    """The database failed under a running stage: end this holder's lease so
+    the stage is taken over (its ledger uses marked unknown) and send it again.
+    While the database is still away this fails too, and the lease runs out."""
+    try:
+        close_old_connections()  # the failed connection is not reused
+        with transaction.atomic():
+            if Stage.objects.filter(
+                id=stage.id, holder=stage.holder, finished_at__isnull=True
+            ).update(lease_until=now):
+                publish([stage.id])
+    except DatabaseError:
+        log.warning("stage %s: the database is still away; its lease will run out", stage.id)
+
+
+def wake_next_turn(thread_id: Any, now: datetime) -> int | None:
+    """In the transaction that closes a thread's turn: the oldest turn waiting
+    behind it is reserved (its lease marks it on its way) and sent on commit."""
+    Thread.objects.select_for_update().filter(pk=thread_id).first()
+    waiting = (
+        Stage.objects.filter(
+            run__thread_id=thread_id,
+            kind__in=MODEL_STAGES,
+            finished_at__isnull=True,
+            parked_at__isnull=False,
+        )
+        .order_by("parked_at", "id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if waiting is None:
+        return None
+    Stage.objects.filter(id=waiting).update(parked_at=None, lease_until=now + lease())
+    publish([waiting])
+    return waiting
 
 
 # --------------------------------------------------------------------------- gather
@@ -299,15 +347,16 @@ def _hold(stage: Stage | None, run: Run) -> Run:
     """Lock the run (and the stage) for the close; returns the run's current row.
 
     Fencing: only the holder of the current claim may close the stage. A
-    worker whose lease ran out while it waited on a provider finds another
-    claim here, and its whole closing transaction rolls back.
+    worker that was taken over while it waited on a provider (its heartbeat
+    stalled past the lease) finds another holder here, and its whole closing
+    transaction rolls back.
     """
     if stage is None:
         return Run.objects.select_for_update().get(id=run.id)
     held = (
         Stage.objects.select_for_update()
         .select_related("run")
-        .filter(id=stage.id, finished_at__isnull=True, claimed_at=stage.claimed_at)
+        .filter(id=stage.id, finished_at__isnull=True, holder=stage.holder)
         .first()
     )
     if held is None:
@@ -389,6 +438,8 @@ def close_stage(
                 other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
         if progress > run.last_progress_at:
             run.last_progress_at = progress
+        if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
+            wake_next_turn(run.thread_id, now)  # the thread's turn is free again
         closed.decision = decision = _decide(run, stage, conclusion, now)
         if decision.path is lc.Path.SETTLE:
             row, created = settlement_row(
@@ -478,9 +529,13 @@ def _no_provider_alert(run: Run, decision: lc.Decision, segment: Segment, now: d
 
 
 def finish_skipped(stage: Stage, now: datetime) -> None:
-    """A stage delivered after its run settled starts nothing."""
-    if finish_stage(stage, outcome="skipped", now=now, detail="run already settled"):
-        stage.finished_at, stage.outcome = now, "skipped"
+    """A stage delivered after its run settled starts nothing (and frees its
+    thread's turn)."""
+    with transaction.atomic():
+        if finish_stage(stage, outcome="skipped", now=now, detail="run already settled"):
+            stage.finished_at, stage.outcome = now, "skipped"
+            if stage.kind in MODEL_STAGES:
+                wake_next_turn(stage.run.thread_id, now)
 
 
 # --------------------------------------------------------------------------- watchdog
@@ -489,28 +544,50 @@ def finish_skipped(stage: Stage, now: datetime) -> None:
 @dataclass
 class WatchedRun:
     run: Run
-    held: bool  # a live claim holds one of its stages
-    stale: list[int]  # stages to send again: a lost publish or a dead holder
+    held: bool  # a live holder runs one of its stages
+    stale: list[int]  # stages to send again (rules.claims.needs_resend)
 
 
-def unsettled_runs(now: datetime, *, stale_after: timedelta) -> list[WatchedRun]:
+def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun]:
     """What the clock watchdog looks at, read in one transaction."""
     watched = []
     with transaction.atomic():
-        runs = list(Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment"))
+        runs = list(
+            Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment", "thread")
+        )
         open_stages: dict[Any, list[Stage]] = {}
-        for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
+        busy_threads = set()
+        for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True).select_related(
+            "run"
+        ):
             open_stages.setdefault(stage.run_id, []).append(stage)
+            if stage.kind in MODEL_STAGES and stage.lease_until and stage.lease_until > now:
+                busy_threads.add(stage.run.thread_id)
         for run in runs:
-            stages = open_stages.get(run.id, [])
-            live = [s for s in stages if s.claimed_at and s.claimed_at >= now - lease()]
-            stale = [
-                s.id
-                for s in stages
-                if (s.claimed_at is None and s.enqueued_at < now - stale_after)
-                or (s.claimed_at is not None and s.claimed_at < now - lease())
+            facts = [
+                (
+                    s.id,
+                    claim_rules.OpenStageFacts(
+                        holder=s.holder,
+                        lease_until=s.lease_until,
+                        enqueued_at=s.enqueued_at,
+                        parked_at=s.parked_at,
+                        thread_turn_in_flight=run.thread_id in busy_threads,
+                    ),
+                )
+                for s in open_stages.get(run.id, [])
             ]
-            watched.append(WatchedRun(run, bool(live), stale))
+            watched.append(
+                WatchedRun(
+                    run,
+                    held=any(claim_rules.holds_live(f, now) for _, f in facts),
+                    stale=[
+                        sid
+                        for sid, f in facts
+                        if claim_rules.needs_resend(f, now, resend_after=resend_after)
+                    ],
+                )
+            )
     return watched
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import DatabaseError
 
 from governance import time_source
 from governance.models import Run, Stage
@@ -21,6 +22,7 @@ from governance.services import stages as stage_service
 from governance.services.stages import StaleClaim, publish
 from tasks import instrumentation as spans
 from tasks.stages import model_turn, tool_call, verify_effect
+from tasks.stages.heartbeat import heartbeat
 from tasks.stages.watchdog import watchdog_pass
 
 log = logging.getLogger(__name__)
@@ -44,25 +46,33 @@ def run_stage(stage_id: int) -> str:
     start = stage_service.start_stage(stage_id, now)
     if start is None:
         return "already handled"
-    if start.deferred:
-        return "deferred"
+    if start.waiting:
+        return "waiting"  # behind the thread's turn in flight; its close wakes this one
+    stage = start.stage
+    with heartbeat.holding(stage.holder, stage.id):
+        # Everything after the claim is inside this one handler: no stage is
+        # left claimed without a conclusion.
+        try:
+            return _run_claimed(start)
+        except DatabaseError:
+            # The database, not the stage, failed: nothing is concluded. The
+            # lease is given up so the next delivery takes the stage over.
+            log.exception("stage %s: the database failed under it", stage.id)
+            stage_service.give_up_claim(stage, time_source.now())
+            raise
+        except Exception as exc:  # outside the span's handler (spans, clocks): still a fact
+            log.exception("stage %s failed", stage.id)
+            return _record_local_failure(stage, exc)[0]
+
+
+def _run_claimed(start: stage_service.StageStart) -> str:
     stage = start.stage
     run = stage.run
-    if run.status == Run.Status.SETTLED:
-        stage_service.finish_skipped(stage, now)
+    closed = None
+    queued_clocks: dict[str, int] = {}
+    if start.gather_error is None and run.status == Run.Status.SETTLED:
+        stage_service.finish_skipped(stage, time_source.now())
         return "run settled"
-    queued_clocks = stage_service.stage_clock_values(
-        run, stage, stage.started_at, run.last_progress_at
-    )
-    spans.record_queue_span(
-        run.trace_context,
-        run_id=str(run.id),
-        stage_id=stage.id,
-        stage_kind=stage.kind,
-        enqueued_at=stage.enqueued_at,
-        started_at=stage.started_at,
-        attributes=spans.clock_attributes(queued_clocks),
-    )
     with spans.execution_span(
         run.trace_context,
         run_id=str(run.id),
@@ -71,10 +81,26 @@ def run_stage(stage_id: int) -> str:
         started_at=stage.started_at,
     ) as execution:
         try:
+            if start.gather_error is not None:
+                raise start.gather_error
+            queued_clocks = stage_service.stage_clock_values(
+                run, stage, stage.started_at, run.last_progress_at
+            )
+            spans.record_queue_span(
+                run.trace_context,
+                run_id=str(run.id),
+                stage_id=stage.id,
+                stage_kind=stage.kind,
+                enqueued_at=stage.enqueued_at,
+                started_at=stage.started_at,
+                attributes=spans.clock_attributes(queued_clocks),
+            )
             result, closed = _execute(run, stage, start.context)
         except StaleClaim as exc:
             log.warning("%s", exc)
             result, closed = "superseded", None
+        except DatabaseError:
+            raise
         except Exception as exc:  # R4.2: a local failure is a fact, not a veto
             log.exception("stage %s failed", stage.id)
             result, closed = _record_local_failure(stage, exc)
@@ -106,7 +132,7 @@ def _execute(run: Run, stage: Stage, context: stage_service.TurnContext | None):
 def _record_local_failure(stage: Stage, exc: Exception):
     words = f"{type(exc).__name__}: {exc}"[:500]
     fresh = Stage.objects.select_related("run", "run__thread", "run__segment").get(id=stage.id)
-    fresh.claimed_at = stage.claimed_at  # the claim this execution holds
+    fresh.holder = stage.holder  # the claim this execution holds
     try:
         closed = stage_service.close_stage(
             fresh, conclude_local_failure(stage.kind, stage.seq, words), time_source.now()

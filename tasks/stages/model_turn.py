@@ -80,9 +80,12 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
         now = time_source.now()
         purpose = turns.ledger_purpose(kind, recovery=bool(stage.payload.get("recovery")))
+        # The claim is in the key: a stage taken over from a dead holder draws
+        # again from the same balance (R5.3); the first use is marked unknown.
         admission = ledger.admit(
-            run, "model_requests", 1, f"stage{stage.id}:{provider.provider_id}:{kind}:{step}",
-            purpose, for_finalization=final, now=now,
+            run, "model_requests", 1,
+            f"stage{stage.id}.{stage.deliveries}:{provider.provider_id}:{kind}:{step}",
+            purpose, for_finalization=final, now=now, stage=stage,
         )  # fmt: skip
         blocked = turns.dispatch_outcome(
             # The stage began after checking for a stop; later sends ask again.

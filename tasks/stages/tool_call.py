@@ -45,7 +45,7 @@ def execute(run: Run, stage: Stage):
         effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
     else:
         try:
-            effect, output, error = _perform(run, call, key, now)
+            effect, output, error = _perform(run, stage, call, key, now)
         except Exception as exc:  # R4.1: the executor's fact, not the run's end (R4.2)
             # An external tool that broke mid-call may have had its effect.
             effect = "unknown" if call["name"] in EXTERNAL_TOOLS else "failed"
@@ -57,19 +57,23 @@ def execute(run: Run, stage: Stage):
     return effect, stage_service.close_stage(stage, conclusion, now, run=run)
 
 
-def _perform(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
+def _perform(run: Run, stage: Stage, call: dict, key: str, now) -> tuple[str, Any, str]:
     with spans.tool_span(tool=call["name"], started_at=now, call_id=call["id"]) as span:
-        effect, output, error = _admit_and_run(run, call, key, now)
+        effect, output, error = _admit_and_run(run, stage, call, key, now)
         span.finish(time_source.now(), effect=effect, error=error)
     return effect, output, error
 
 
-def _admit_and_run(run: Run, call: dict, key: str, now) -> tuple[str, Any, str]:
+def _admit_and_run(run: Run, stage: Stage, call: dict, key: str, now) -> tuple[str, Any, str]:
     refused = tool_rules.surface_refusal(call["name"], stage_service.tool_surface(run))
     if refused:
         return "refused", None, refused
     for need in tool_rules.tool_admissions(call["name"]):
-        admission = ledger.admit(run, need.resource, 1, f"{key}:{need.key_suffix}", now=now)
+        # Per claim, as for model requests: a call re-run after a takeover is charged again.
+        admission = ledger.admit(
+            run, need.resource, 1, f"{key}.{stage.deliveries}:{need.key_suffix}",
+            now=now, stage=stage,
+        )  # fmt: skip
         if not admission.admitted:
             return "refused", None, need.refused_words
     result = run_tool(call["name"], call["arguments"], idempotency_key=key)

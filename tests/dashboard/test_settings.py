@@ -93,21 +93,23 @@ def test_run_time_settings_have_one_default_each(tmp_path: Path):
     """Settings read elsewhere as ``settings.NAME`` get their default here, once."""
     script = (
         "from django.conf import settings as s;"
-        "print(s.GOVERNANCE_STAGE_LEASE_SECONDS, s.GOVERNANCE_VERIFY_DELAY_SECONDS,"
+        "print(s.GOVERNANCE_STAGE_LEASE_SECONDS, s.GOVERNANCE_STAGE_RESEND_AFTER_SECONDS,"
+        " s.GOVERNANCE_VERIFY_DELAY_SECONDS,"
         " s.GOVERNANCE_CALLBACK_LEASE_SECONDS, s.GOVERNANCE_CLOCK_ADJUSTABLE,"
         " s.GOVERNANCE_DASHBOARD_URL, s.GOVERNANCE_NAMED_SECRET.__name__)"
     )
     result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
-        "600", "0.0", "300", "False", "http://localhost:8000", "named_secret",
+        "30", "120", "0.0", "300", "False", "http://localhost:8000", "named_secret",
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("GOVERNANCE_STAGE_LEASE_SECONDS", "0", "must be at least 1"),
+        ("GOVERNANCE_STAGE_LEASE_SECONDS", "2", "must be at least 3"),
+        ("GOVERNANCE_STAGE_RESEND_AFTER_SECONDS", "0", "must be at least 1"),
         ("GOVERNANCE_STAGE_LEASE_SECONDS", "10m", "must be an integer"),
         ("GOVERNANCE_VERIFY_DELAY_SECONDS", "-1", "must be at least 0"),
         ("GOVERNANCE_VERIFY_DELAY_SECONDS", "soon", "must be a number"),

@@ -63,7 +63,8 @@ def test_healthz_reports_components_without_broker_details(client):
     assert response.status_code == 200
     assert data["ok"] is True and data["database"]["ok"] is True
     assert data["worker"]["ok"] is True
-    assert "broker" not in data
+    assert data["broker"] == {"ok": True, "detail": "reachable", "age_seconds": None}
+    assert "redis://" not in response.content.decode()
     assert response["Cache-Control"].startswith("max-age=0")
 
 

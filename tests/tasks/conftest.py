@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 from datetime import UTC, datetime
@@ -98,3 +99,23 @@ def scripted_provider():
         )  # fmt: skip
 
     return make
+
+
+def sent_stages(redis_client) -> list[int]:
+    """The stage ids waiting in the real broker's queue."""
+    ids = []
+    for raw in redis_client.lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        if headers["task"] == "tasks.stages.execute_stage":
+            ids.extend(ast.literal_eval(headers["argsrepr"]))
+    return ids
+
+
+@pytest.fixture
+def broker_queue(settings):
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete("celery")
+    yield client
+    client.delete("celery")
