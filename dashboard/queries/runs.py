@@ -329,6 +329,7 @@ class RunPage:
     budget: list[BudgetRow]
     reserve: BudgetRow | None
     ledger: list[BudgetEntry]
+    unknown_uses: list[BudgetEntry]  # drawn by a holder that stopped mid-call (R5.3)
     receipts: list[ToolReceipt]
     chunks: list[BodyChunk]
     body: str
@@ -379,7 +380,9 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
                 reserve = row
             else:
                 budget.append(row)
-        ledger = list(BudgetEntry.objects.filter(account=account).order_by("id"))
+        ledger = list(
+            BudgetEntry.objects.filter(account=account).select_related("stage").order_by("id")
+        )
 
     per_stage: dict[int, int] = {}
     for attempt in attempts:
@@ -418,6 +421,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         budget=budget,
         reserve=reserve,
         ledger=ledger,
+        unknown_uses=[e for e in ledger if e.outcome == "unknown"],
         receipts=receipts,
         chunks=chunks,
         body="".join(c.text for c in chunks if c.committed_at is not None),

@@ -526,6 +526,31 @@ def test_r5_budget_balances_and_the_output_reserve_shown_apart(client, oncall, t
     assert "final-1" in ledger and "output_reserve" in ledger and "retry" in ledger
 
 
+def test_r5_3_a_use_whose_holder_stopped_is_shown_with_no_known_outcome(client, oncall, thread):
+    """A worker died mid-call: its model request stays on the ledger, marked as
+    having no known outcome, and the page says so before the table."""
+    run, stage, _ = services.submit_run(thread, input="hi", now=T0)
+    held = services.claim_stage(stage.id, T0, lease=timedelta(seconds=30))
+    services.admit(run, "model_requests", 1, f"stage{stage.id}.1:a", now=T0, stage=held)
+    later = T0 + timedelta(seconds=31)
+    assert services.claim_stage(stage.id, later, lease=timedelta(seconds=30)) is not None
+    services.admit(run, "model_requests", 1, f"stage{stage.id}.2:a", now=later, stage=held)
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    section = body[body.index('id="budget-h"') : body.index('id="receipts-h"')]
+    notice = section[
+        section.index('id="unknown-uses"') : section.index(
+            "</p>", section.index('id="unknown-uses"')
+        )
+    ]
+    assert "1 use with no known outcome" in notice
+    assert "The worker holding stage 1 (model turn) stopped" in notice
+    ledger = section[section.index("<details") :]
+    assert '<details class="ledger" open>' in section
+    rows = ledger[ledger.index("<tbody>") : ledger.index("</tbody>")].split("</tr>")[:-1]
+    assert ["no known outcome" in r for r in rows] == [True, False]
+
+
 def test_r4_1_tool_receipts_with_their_effect(client, oncall, thread):
     run = make_run(thread, outcome=None)
     stage = run.stages.get()
