@@ -488,6 +488,9 @@ class System:
                 # Small clocks keep the tests fast; the rules are the same.
                 "GOVERNANCE_STAGE_LEASE_SECONDS": "9",
                 "GOVERNANCE_WATCHDOG_SECONDS": "2",
+                # A stage never claimed this long lost its message (default 120 s):
+                # above the longest queue wait of these tests, so only lost ones go.
+                "GOVERNANCE_STAGE_RESEND_AFTER_SECONDS": "15",
                 "GOVERNANCE_HEARTBEAT_SECONDS": "5",
                 "GOVERNANCE_CALLBACK_RETRY_SECONDS": "2",
                 "GOVERNANCE_CALLBACK_BACKOFF_SECONDS": "1",
@@ -556,6 +559,9 @@ class System:
         ):
             with contextlib.suppress(Exception):
                 closer()
+        if os.environ.get("FAULTS_KEEP"):  # for a person reading the logs afterwards
+            print(f"fault system {self.name}: logs kept in {self.root}", file=sys.stderr)
+            return
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ---- what went wrong
@@ -726,10 +732,17 @@ def holder_pid(holder: str) -> int:
 
 
 def held_stage(
-    system: System, run_ids: list[str], kind: str, *, min_age_s: float, timeout: float = 30
+    system: System,
+    run_ids: list[str],
+    kind: str,
+    *,
+    min_age_s: float,
+    timeout: float = 30,
+    exclude: Iterable[int] = (),
 ) -> dict[str, Any]:
     """Wait for a stage of ``kind`` that a worker holds and has run at least
-    ``min_age_s`` (so it is inside its provider or tool call, not at its claim)."""
+    ``min_age_s`` (so it is inside its provider or tool call, not at its claim);
+    stages in ``exclude`` (already killed once) are not chosen."""
     if "holder" not in system.stage_columns():
         raise HarnessError("governance_stage has no 'holder' column: nothing names the process")
 
@@ -738,8 +751,8 @@ def held_stage(
             "SELECT id, run_id::text, holder, deliveries, extract(epoch FROM now() - claimed_at) "
             "FROM governance_stage WHERE run_id::text = ANY(%s) AND kind = %s "
             "AND finished_at IS NULL AND holder <> '' AND claimed_at < now() - make_interval("
-            "secs => %s) ORDER BY claimed_at LIMIT 1",
-            list(run_ids), kind, min_age_s,
+            "secs => %s) AND NOT id = ANY(%s) ORDER BY claimed_at LIMIT 1",
+            list(run_ids), kind, min_age_s, list(exclude),
         )  # fmt: skip
         if rows:
             stage_id, run_id, holder, deliveries, age = rows[0]

@@ -67,7 +67,8 @@ def test_r6_5_a_worker_killed_mid_model_call_costs_no_answer(system, figures):
 
     recoveries = []
     for _ in range(2):  # two kills, each inside a scripted 3 s model call
-        stage = held_stage(system, runs, "model_turn", min_age_s=0.8)
+        killed = [r["stage"] for r in recoveries]
+        stage = held_stage(system, runs, "model_turn", min_age_s=0.8, exclude=killed)
         pid = kill_holder(system, stage)
         rerun = wait_rerun(system, stage, timeout=RECOVERY_BOUND_S)
         recoveries.append({"stage": stage["stage_id"], "killed_pid": pid,

@@ -1,0 +1,139 @@
+"""The system's own Redis flushed, then stopped for 10 s, costs no answer (R6.5).
+
+The broker is not part of a run's commit: rows committed are the run, and a
+lost message is found again by the watchdog. FLUSHALL mid-run drops every
+queued stage message; stopping Redis for 10 s cuts the web's publishes, the
+worker's consumer and beat. Submits during the outage answer 202 (the rows
+committed) or a clear 503 JSON — never a 500 — and /healthz answers 503
+naming the broker. Once Redis is back on the same port, every run settles
+completed and nothing happened twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.faults import checks
+from tests.faults.conftest import running_system
+from tests.faults.harness import held_stage, wait_for, wait_outbox_drained
+
+OUTAGE_S = 10.0
+SETTLE_BOUND_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def system():
+    with running_system("redis", hook_delay_s=0.5) as running:
+        yield running
+
+
+def _open_unclaimed(system, runs) -> int:
+    return system.sql(
+        "SELECT count(*) FROM governance_stage WHERE run_id::text = ANY(%s) "
+        "AND finished_at IS NULL AND holder = ''",
+        runs,
+    )[0][0]
+
+
+def test_r6_5_a_flushed_then_stopped_broker_costs_no_answer(system, figures):
+    callback = system.receiver.url("/callback")
+
+    def thread(chain, **extra):
+        return system.create_thread(provider_chain=chain, callback_url=callback, **extra)
+
+    threads = [thread(["slow"]) for _ in range(6)]
+    threads += [thread(["hooker"], tool_surface=["webhook"]) for _ in range(2)]
+    threads += [thread(["refuser", "backup"]) for _ in range(2)]
+    spare = [thread(["slow"]) for _ in range(4)]  # for the submits during the outage
+    runs = [system.submit_ok(t, f"before the flush {n}") for n, t in enumerate(threads)]
+    webhook_runs = runs[6:8]
+
+    # 1. FLUSHALL while two stages run and the others' messages wait in the queue.
+    held_stage(system, runs, "model_turn", min_age_s=0.5)
+    figures["queued_stages_at_flush"] = _open_unclaimed(system, runs)
+    flushed_at = time.monotonic()
+    system.redis.flushall()
+
+    # 2. A few seconds later, Redis stops for 10 s and comes back on the same port.
+    time.sleep(3)
+    system.redis.stop()
+    stopped_at = time.monotonic()
+    submits = []
+    health = []
+    for n, spare_thread in enumerate(spare):
+        response = system.submit(spare_thread, f"during the outage {n}")
+        submits.append((response.status_code, response.text[:300]))
+        if n == 0:
+            probe = system.http.get("/healthz")
+            health.append((probe.status_code, probe.text[:600]))
+        time.sleep(1.0)
+    time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped_at)))
+    system.redis.start()
+    figures["outage_s"] = round(time.monotonic() - stopped_at, 1)
+    figures["submits_during_outage"] = [status for status, _ in submits]
+    figures["healthz_during_outage"] = health
+
+    for name in ("web", "worker", "beat"):
+        assert system.processes[name].alive(), f"the {name} process died during the outage"
+    outage_runs = [
+        body_run for status, text in submits if status == 202 and (body_run := _run_id(text))
+    ]
+    runs += outage_runs
+
+    settle = system.wait_settled(runs, timeout=SETTLE_BOUND_S)
+    figures["flush_to_all_settled_s"] = round(time.monotonic() - flushed_at, 1)
+    figures["restart_to_all_settled_s"] = round(time.monotonic() - stopped_at - OUTAGE_S, 1)
+    figures["slowest_settle_s"] = round(max(settle.values()), 1)
+    waits = system.sql(
+        "SELECT extract(epoch FROM started_at - enqueued_at) FROM governance_stage "
+        "WHERE run_id::text = ANY(%s) ORDER BY 1 DESC",
+        runs,
+    )
+    figures["longest_queue_waits_s"] = [round(float(w), 1) for (w,) in waits[:12]]
+    wait_outbox_drained(system, timeout=60)
+
+    problems = checks.settle_problems(system, runs, {})
+    dupes, counts = checks.duplicate_problems(
+        system, runs, system.receiver, webhook_runs=webhook_runs, callback_runs=runs
+    )
+    figures.update(counts)
+    figures["runs"] = len(runs)
+    figures["runs_not_completed"] = sum(
+        1 for outcome, *_ in system.settlements(runs).values() if outcome != "completed"
+    )
+    bad_submits = [(s, t) for s, t in submits if s not in (202, 503) or (s == 503 and "{" not in t)]
+    if bad_submits:
+        problems.append(f"submits during the outage answered {bad_submits}")
+    status, text = health[0]
+    if status != 503 or "broker" not in text:
+        problems.append(f"/healthz during the outage: {status} {text} (want 503 naming the broker)")
+    assert not problems + dupes, "\n".join(problems + dupes)
+
+
+def _run_id(text: str) -> str | None:
+    try:
+        return json.loads(text).get("run_id")
+    except ValueError:
+        return None
+
+
+def test_r6_5_runs_submitted_after_the_outage_settle_promptly(system, figures):
+    """After the broker came back, new work flows without waiting for a sweep."""
+    callback = system.receiver.url("/callback")
+    threads = [
+        system.create_thread(provider_chain=["backup"], callback_url=callback) for _ in range(4)
+    ]
+    started = time.monotonic()
+    runs = [system.submit_ok(t, "after the outage") for t in threads]
+    settle = system.wait_settled(runs, timeout=30)
+    figures["settle_s"] = round(max(settle.values()), 1)
+    wait_for("their callbacks", lambda: not system.sql(
+        "SELECT 1 FROM governance_runcallback "
+        "WHERE state <> 'delivered' AND run_id::text = ANY(%s)",
+        runs,
+    ), timeout=30)  # fmt: skip
+    figures["took_s"] = round(time.monotonic() - started, 1)
+    assert not checks.settle_problems(system, runs, {})
