@@ -160,3 +160,23 @@ def test_r6_3_an_open_breaker_is_a_transient_failure_recovered_after_it_opens(qu
     assert run_stage(recovery.id) == "accepted"
     row.refresh_from_db()
     assert row.settlement.outcome == "completed"
+
+
+def test_r6_5_the_heartbeat_renews_what_this_process_holds_and_notices_a_takeover(
+    queued, manual_clock
+):
+    from tasks.stages.heartbeat import Heartbeat
+
+    _run, stage = queued
+    lease = timedelta(seconds=30)
+    held = services.claim_stage(stage.id, manual_clock(), lease=lease)
+    beat = Heartbeat()
+    with beat.holding(held.holder, held.id):
+        manual_clock.advance(seconds=25)
+        assert beat.beat() == {held.holder}
+        assert Stage.objects.get(id=stage.id).lease_until == manual_clock() + lease
+        # Another delivery took it over (this process's beats stalled past the lease).
+        Stage.objects.filter(id=stage.id).update(holder="elsewhere/pid:[1]/7/abc")
+        assert beat.beat() == set()
+    assert beat.held() == [] and beat.beat() == set()
+    assert Stage.objects.get(id=stage.id).holder == "elsewhere/pid:[1]/7/abc"
