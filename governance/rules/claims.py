@@ -1,4 +1,4 @@
-"""Who may run a stage (R6.5: delivery is at least once, an effect at most once).
+"""Who may run a stage (R6.6: delivery is at least once, a stage runs under one holder).
 
 A stage is held by one holder at a time. The holder's heartbeat renews a
 short lease while the stage runs; a delivery finds the stage free, held by a
@@ -35,7 +35,7 @@ class ClaimFacts:
 
 
 def claim_verdict(facts: ClaimFacts, now: datetime) -> ClaimVerdict:
-    """R6.5: may this delivery run the stage?"""
+    """R6.6: may this delivery run the stage?"""
     if facts.finished:
         return ClaimVerdict.DONE
     if not facts.holder:
@@ -92,7 +92,7 @@ class OpenStageFacts:
 
 
 def needs_resend(facts: OpenStageFacts, now: datetime, *, resend_after: timedelta) -> bool:
-    """R6.5: whether the watchdog sends a stage again — its holder stopped
+    """R6.6: whether the watchdog sends a stage again — its holder stopped
     renewing (the next delivery takes it over), its message was lost (never
     claimed for ``resend_after``, and no reservation pending), or it waits
     behind a thread turn that is no longer in flight (a lost wake-up)."""

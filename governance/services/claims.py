@@ -1,5 +1,5 @@
 """Stage holders: who this process is, whether another holder's process still
-exists, and the heartbeat's lease renewal (R6.5; the verdict is
+exists, and the heartbeat's lease renewal (R6.6; the verdict is
 ``governance.rules.claims``)."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def enqueue_stage(
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
     """Take a stage for this process unless a live holder runs it or it is done
-    (R6.5, ``rules.claims.claim_verdict``).
+    (R6.6, ``rules.claims.claim_verdict``).
 
     The row is locked while it is judged. A holder that stopped renewing its
     lease, or whose process is known to be gone, is taken over at once, and

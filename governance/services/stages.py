@@ -1,5 +1,5 @@
 """Stages: the claim, the facts a stage reads, and the one transaction that
-writes what the stage concluded (R6.1–R6.5).
+writes what the stage concluded (R6.1–R6.6).
 
 A stage is three steps: gather the facts (:func:`start_stage`,
 :func:`turn_context`), ask one pure conclusion (``governance.rules.turns`` /

@@ -1,7 +1,7 @@
 """The holder's heartbeat: while this process runs a stage, one background
 thread renews the leases of every stage it holds (a third of the lease
 apart), so a long provider call keeps its claim and a dead process loses it
-within one lease (R6.5). The stage's time budget is a separate clock."""
+within one lease (R6.6). The stage's time budget is a separate clock."""
 
 from __future__ import annotations
 

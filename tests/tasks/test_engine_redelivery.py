@@ -38,7 +38,7 @@ def test_r6_5_a_finished_stage_is_not_executed_again(queued):
     assert Stage.objects.get(id=stage.id).deliveries == 1
 
 
-def test_r6_5_a_stage_held_by_a_live_worker_is_not_taken_twice(queued, manual_clock):
+def test_r6_6_a_stage_held_by_a_live_worker_is_not_taken_twice(queued, manual_clock):
     _run, stage = queued
     lease = timedelta(seconds=30)
     held = services.claim_stage(stage.id, manual_clock(), lease=lease)
@@ -81,7 +81,7 @@ def test_r5_3_a_stage_whose_holder_stopped_renewing_is_taken_over_and_draws_agai
     assert ProviderAttempt.objects.filter(run=run).count() == 1
 
 
-def test_r6_5_a_holder_whose_process_is_gone_is_taken_over_at_once(queued, manual_clock):
+def test_r6_6_a_holder_whose_process_is_gone_is_taken_over_at_once(queued, manual_clock):
     """The redelivery after a SIGKILL finds the lease still running; the holder's
     process is gone (same host, same pid namespace, no such pid): taken over now."""
     _run, stage = queued
@@ -97,7 +97,7 @@ def test_r6_5_a_holder_whose_process_is_gone_is_taken_over_at_once(queued, manua
     assert not services.holder_gone(f"{host}/pid:[1]/{gone.pid}/{token}")
 
 
-def test_r3_2_a_waiting_turn_is_woken_by_the_close_not_by_a_timer(
+def test_r3_2_r6_6_a_waiting_turn_is_woken_by_the_close_not_by_a_timer(
     queued, manual_clock, broker_queue
 ):
     """A second run's turn waits while the thread's first turn is in flight, so two
@@ -162,7 +162,7 @@ def test_r6_3_an_open_breaker_is_a_transient_failure_recovered_after_it_opens(qu
     assert row.settlement.outcome == "completed"
 
 
-def test_r6_5_the_heartbeat_renews_what_this_process_holds_and_notices_a_takeover(
+def test_r6_6_the_heartbeat_renews_what_this_process_holds_and_notices_a_takeover(
     queued, manual_clock
 ):
     from tasks.stages.heartbeat import Heartbeat
