@@ -155,19 +155,6 @@ def named_secret(name: str) -> str | None:
     return (_secret_from(name) or "").strip() or None
 
 
-def _pool_options(max_size: int) -> dict[str, Any]:
-    from psycopg_pool import ConnectionPool
-
-    # check: a connection is tried before it is handed out, so the idle ones a
-    # PostgreSQL restart broke are replaced instead of failing a stage each.
-    return {
-        "min_size": 1,
-        "max_size": max_size,
-        "timeout": 10,
-        "check": ConnectionPool.check_connection,
-    }
-
-
 def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> dict[str, Any]:
     """Django's DATABASES entry for ``postgres://`` or ``sqlite:///`` URLs.
 
@@ -195,11 +182,16 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
             "OPTIONS": (
-                {**options, "pool": _pool_options(pool_max_size)} if pool_max_size else options
+                {**options, "pool": {"min_size": 1, "max_size": pool_max_size, "timeout": 10}}
+                if pool_max_size
+                else options
             ),
             # A pool holds the connections itself (Django requires CONN_MAX_AGE 0).
             "CONN_MAX_AGE": 0 if pool_max_size else 60,
-            "CONN_HEALTH_CHECKS": not pool_max_size,
+            # With a pool this is psycopg_pool's check: a connection is tried
+            # before it is handed out, so the idle ones a PostgreSQL restart
+            # broke are replaced instead of failing one stage each.
+            "CONN_HEALTH_CHECKS": True,
         }
     if scheme == "sqlite":
         path = unquote(parts.path)
