@@ -61,14 +61,14 @@ def _assert_no_fault_cost(system, run_ids, figures, *, webhook_runs=()):
 
 def test_r6_5_a_worker_killed_mid_model_call_costs_no_answer(system, figures):
     callback = system.receiver.url("/callback")
-    slow = [system.create_thread(provider_chain=["slow"], callback_url=callback) for _ in range(8)]
-    runs = [system.submit_ok(thread, f"question {n}") for n, thread in enumerate(slow)]
-    runs += [system.submit_ok(t, "please answer") for t in _refusal_threads(system, 2)]
-
-    recoveries = []
-    for _ in range(2):  # two kills, each inside a scripted 3 s model call
-        killed = [r["stage"] for r in recoveries]
-        stage = held_stage(system, runs, "model_turn", min_age_s=0.8, exclude=killed)
+    runs, recoveries = [], []
+    for wave in range(2):  # two waves of 5 runs, one kill in each, inside a 3 s model call
+        slow = [system.create_thread(provider_chain=["slow"], callback_url=callback)
+                for _ in range(4)]  # fmt: skip
+        batch = [system.submit_ok(thread, f"question {wave}.{n}") for n, thread in enumerate(slow)]
+        batch += [system.submit_ok(t, "please answer") for t in _refusal_threads(system, 1)]
+        runs += batch
+        stage = held_stage(system, batch, "model_turn", min_age_s=0.8)
         pid = kill_holder(system, stage)
         rerun = wait_rerun(system, stage, timeout=RECOVERY_BOUND_S)
         recoveries.append({"stage": stage["stage_id"], "killed_pid": pid,
@@ -84,26 +84,29 @@ def test_r6_4_a_worker_killed_mid_webhook_call_verifies_instead_of_replaying(sys
     receiver = system.receiver
     receiver.hook_delay_s = 2.5  # the webhook request stays in flight this long
     callback = receiver.url("/callback")
-    hook_threads = [
-        system.create_thread(provider_chain=["hooker"], tool_surface=["webhook"],
-                             callback_url=callback)
-        for _ in range(8)
-    ]  # fmt: skip
-    webhook_runs = [system.submit_ok(t, f"notify {n}") for n, t in enumerate(hook_threads)]
-    runs = webhook_runs + [
-        system.submit_ok(t, "please answer") for t in _refusal_threads(system, 2)
-    ]
+    runs, webhook_runs, recoveries = [], [], []
+    for wave in range(2):  # two waves of 5 runs, one kill in each, mid webhook request
+        hook_threads = [
+            system.create_thread(provider_chain=["hooker"], tool_surface=["webhook"],
+                                 callback_url=callback)
+            for _ in range(4)
+        ]  # fmt: skip
+        batch = [system.submit_ok(t, f"notify {wave}.{n}") for n, t in enumerate(hook_threads)]
+        webhook_runs += batch
+        runs += batch + [system.submit_ok(t, "please answer") for t in _refusal_threads(system, 1)]
+        killed_keys = {r["key"] for r in recoveries}
 
-    recoveries = []
-    for _ in range(2):
-        # Wait until a webhook POST is in flight, then kill the child that sent it.
-        def in_flight():
+        def in_flight(batch=batch, killed_keys=killed_keys):
             with receiver.lock:
-                keys = [
-                    k for k, t in receiver.hooks_in_flight.items() if time.monotonic() - t > 0.3
+                return [
+                    key
+                    for key, since in receiver.hooks_in_flight.items()
+                    if time.monotonic() - since > 0.3
+                    and key not in killed_keys
+                    and key.split(":")[1] in batch
                 ]
-            return keys
 
+        # Wait until a webhook POST is in flight, then kill the child that sent it.
         key = wait_for("a webhook request in flight", in_flight, timeout=30, interval=0.05)[0]
         run_id = key.split(":")[1]
         stage = held_stage(system, [run_id], "tool_call", min_age_s=0.0, timeout=5)
