@@ -352,3 +352,33 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL") or "INFO"},
 }
+
+
+# --- Outbound URLs (issue 10; governance/rules/outbound.py, governance/services/outbound.py,
+# tasks/outbound.py) ---
+# Completion callbacks (callback_url), webhook/Slack/PagerDuty alert channels and the
+# webhook tool refuse loopback, link-local (incl. the cloud metadata addresses
+# 169.254.169.254 and fd00:ec2::254), private (RFC 1918), CGNAT (100.64/10),
+# unique-local (fc00::/7), unspecified, multicast and reserved addresses. The host is
+# resolved again at send time and the request connects to an address that passed.
+# GOVERNANCE_OUTBOUND_ALLOW names what may be reached anyway, comma-separated: host
+# names (exact, e.g. hooks.internal), IP addresses (10.1.2.3, ::1 or [::1]) and CIDR
+# networks (10.20.0.0/16, fd12::/64). Production default (DJANGO_DEBUG=0): empty.
+# With DJANGO_DEBUG=1 the default is loopback only (127.0.0.0/8, ::1, localhost), so
+# `make run`'s demo (a loopback webhook receiver) works; set it empty to test refusals.
+# With DJANGO_DEBUG=0 plain http is refused too, unless the host (or every address it
+# resolves to) is allow-listed.
+def _outbound_allow():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from governance.rules.outbound import parse_allow_list
+
+    default = ["127.0.0.0/8", "::1", "localhost"] if DEBUG else []
+    try:
+        return parse_allow_list(env_list("GOVERNANCE_OUTBOUND_ALLOW", default))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"GOVERNANCE_OUTBOUND_ALLOW: {exc}") from None
+
+
+GOVERNANCE_OUTBOUND_ALLOW = _outbound_allow()
+GOVERNANCE_OUTBOUND_REQUIRE_HTTPS = not DEBUG

@@ -4,7 +4,9 @@ It decides nothing on its own: ``governance.services.alerts`` claims the
 outbox row (written ``sending`` before the call), this module makes the call
 and classifies what came back, and the service records it — retry with
 backoff when transient (429, 5xx, network), disable the channel when
-permanent (other 4xx, bad configuration).
+permanent (other 4xx, bad configuration — which includes a target the
+outbound check refuses at send time: loopback, private, metadata addresses,
+plain http in production; issue 10, ``tasks.outbound``).
 
 Channel kinds: generic webhook (JSON), Slack-compatible incoming webhook,
 e-mail (Django's e-mail backend) and PagerDuty Events API v2, whose
@@ -31,6 +33,7 @@ from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
+from tasks import outbound
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +246,10 @@ def _post(url: str, body: dict[str, Any], delivery: NotificationDelivery) -> Del
     }
     try:
         with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
-            response = client.post(url, json=body, headers=headers)
+            # Checked again now and pinned to the checked address (issue 10).
+            response = outbound.request(client, "POST", url, json=body, headers=headers)
+    except outbound.OutboundRefused as exc:
+        raise BadConfig(f"target refused: {exc.reason}") from None
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise BadConfig(f"target {url!r}: {exc}") from None
     except httpx.TransportError as exc:

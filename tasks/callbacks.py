@@ -9,6 +9,11 @@ Headers: ``Idempotency-Key`` (stable per run: receivers dedupe by it, delivery
 is at least once), ``X-Governance-Timestamp`` (unix seconds of this attempt)
 and ``X-Governance-Signature: sha256=<hex>`` = HMAC-SHA256 with
 ``GOVERNANCE_CALLBACK_SECRET`` over ``"<timestamp>.<raw body>"``.
+
+The URL is checked again at send time and the POST connects to the checked
+address (``tasks.outbound``, issue 10): a URL that is refused — loopback,
+private, metadata, plain http in production — fails the callback at once
+with the reason (a permanent failure, like a 4xx: no further attempt).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from django.conf import settings
 
 from governance import time_source
 from governance.services import callbacks as callbacks
+from governance.services.outbound import Resolver
+from tasks import outbound
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +54,22 @@ def _retry_after(value: str | None) -> float | None:
     return max((moment - time_source.now()).total_seconds(), 0.0)
 
 
-def post(url: str, body: bytes, headers: dict[str, str]) -> callbacks.Result:
-    """One POST; never raises for transport trouble (it becomes a retryable Result)."""
+def post(
+    url: str, body: bytes, headers: dict[str, str], *, resolver: Resolver | None = None
+) -> callbacks.Result:
+    """One POST; never raises for transport trouble (it becomes a retryable Result).
+
+    A URL the outbound check refuses is a permanent failure, with no request made.
+    """
     try:
         with httpx.Client(timeout=_timeout(), follow_redirects=False) as client:
-            response = client.post(url, content=body, headers=headers)
+            response = outbound.request(
+                client, "POST", url, content=body, headers=headers, resolver=resolver
+            )
+    except outbound.OutboundRefused as exc:
+        return callbacks.Result(
+            error=f"refused before sending: {exc.reason}", request_sent=False, refused=True
+        )
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return callbacks.Result(error=f"network: {exc!r}", request_sent=False)
     except httpx.TimeoutException as exc:

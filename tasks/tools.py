@@ -19,6 +19,10 @@ Webhook effects and their verification (R6.2, R6.4)
 * 502/504, 1xx/3xx                     -> unknown (a gateway or redirect speaks for an
                                           origin that may have acted)
 * bad URL, host not allowed, bad key   -> failed / refused, no request made
+* an address the outbound check refuses -> refused, no request made (issue 10:
+  (loopback, link-local/metadata,         checked when sending, against every
+  private, reserved; plain http in        address the host resolves to, and the
+  production), unless allow-listed        request connects to a checked address)
 * connect error / connect timeout      -> failed (nothing left the machine)
 * timeout, reset or close after the request was sent, or a response body
   interrupted after the headers        -> unknown (we cannot know whether the
@@ -52,6 +56,8 @@ from typing import Any, Literal
 
 import httpx
 
+from governance.services.outbound import Resolver
+from tasks import outbound
 from tasks.adapters.base import ToolSpec
 
 Effect = Literal["succeeded", "failed", "refused", "unknown"]
@@ -343,10 +349,13 @@ def _exchange(
     params: dict[str, str] | None,
     timeout_s: float,
     transport: httpx.BaseTransport | None,
+    resolver: Resolver | None = None,
 ) -> tuple[int, bytes, bool]:
     """One request; returns (status, body up to the cap, truncated).
 
-    Raises httpx.TransportError for failures before a response, and
+    Raises ``outbound.OutboundRefused`` before connecting when the URL's
+    addresses are not allowed (the request goes to the checked address),
+    httpx.TransportError for failures before a response, and
     ``_Interrupted`` when the body broke off after the headers arrived.
     ``timeout_s`` bounds each network phase (connect, write, each read) and
     the whole body read, so a slowly dripping response cannot outlast it.
@@ -355,7 +364,15 @@ def _exchange(
         httpx.Client(
             transport=transport, timeout=httpx.Timeout(timeout_s), follow_redirects=False
         ) as client,
-        client.stream(method, url, headers=headers, content=content, params=params) as response,
+        outbound.stream(
+            client,
+            method,
+            url,
+            headers=headers,
+            content=content,
+            params=params,
+            resolver=resolver,
+        ) as response,
     ):
         started = time.monotonic()
         body = bytearray()
@@ -405,12 +422,15 @@ def webhook(
     timeout_s: float = 10.0,
     transport: httpx.BaseTransport | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    resolver: Resolver | None = None,
 ) -> ToolResult:
     """POST ``arguments["payload"]`` as JSON to ``arguments["url"]`` (R4.1, R6.2).
 
     See the module docstring for the status -> effect table. ``allowed_hosts``
     (exact host names, case-insensitive) refuses any other host before a
-    request is made; None allows every host.
+    request is made; None allows every host. Whatever it says, an address the
+    outbound check refuses is never called (``refused``); ``resolver``
+    replaces DNS (tests).
     """
 
     def result(effect: Effect, error: str = "", **output: Any) -> ToolResult:
@@ -444,7 +464,11 @@ def webhook(
             params=None,
             timeout_s=timeout_s,
             transport=transport,
+            resolver=resolver,
         )
+    except outbound.OutboundRefused as exc:
+        # R4.1: the tool's own "no" — nothing was sent, so nothing to verify.
+        return result("refused", exc.reason, request_sent=False)
     except _Interrupted as exc:
         return result(
             "unknown",
@@ -489,6 +513,7 @@ def verify_webhook(
     timeout_s: float = 10.0,
     transport: httpx.BaseTransport | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    resolver: Resolver | None = None,
 ) -> ToolResult:
     """Ask the receiver whether it processed ``idempotency_key`` (R6.4).
 
@@ -517,7 +542,11 @@ def verify_webhook(
             params={"idempotency_key": idempotency_key},
             timeout_s=timeout_s,
             transport=transport,
+            resolver=resolver,
         )
+    except outbound.OutboundRefused as exc:
+        # The address is not allowed (now): that proves nothing about the effect.
+        return unknown(f"cannot verify: {exc.reason}")
     except (_Interrupted, httpx.TransportError) as exc:
         return unknown(f"verification got no complete answer ({type(exc).__name__}: {exc})")
 
@@ -623,7 +652,7 @@ VERIFIERS: dict[str, ToolFunction] = {"webhook": verify_webhook}
 _TOOL_OPTIONS: dict[str, frozenset[str]] = {
     "calculator": frozenset(),
     "kb_search": frozenset(),
-    "webhook": frozenset({"timeout_s", "transport", "allowed_hosts"}),
+    "webhook": frozenset({"timeout_s", "transport", "allowed_hosts", "resolver"}),
 }
 
 

@@ -57,3 +57,18 @@ def manager(make_user):
 @pytest.fixture
 def outsider(make_user):
     return make_user("otto-outsider")
+
+
+# --- outbound URLs (issue 10) -------------------------------------------------
+
+LOOPBACK_ALLOW = ("127.0.0.1", "::1", "localhost")
+
+
+@pytest.fixture(autouse=True)
+def outbound_allows_loopback(settings):
+    """Tests post to real loopback servers: the outbound check (callbacks, alert
+    channels, the webhook tool) lets loopback through, whatever DJANGO_DEBUG
+    says. SSRF tests set ``settings.GOVERNANCE_OUTBOUND_ALLOW`` themselves."""
+    from governance.rules.outbound import parse_allow_list
+
+    settings.GOVERNANCE_OUTBOUND_ALLOW = parse_allow_list(LOOPBACK_ALLOW)

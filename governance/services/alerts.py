@@ -38,6 +38,7 @@ from django.db.models import F, Q
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
 from governance.services.audit import audit
 from governance.services.broker import send_by_name
+from governance.services.outbound import Resolver, check_outbound_url
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,18 @@ def retry_delay(attempts: int, retry_after_s: float | None = None) -> timedelta:
     if retry_after_s is not None:
         seconds = max(seconds, retry_after_s)
     return timedelta(seconds=min(seconds, cap))
+
+
+def channel_target_problem(
+    kind: str, target: str, *, resolver: Resolver | None = None
+) -> str | None:
+    """Input time (issue 10): why this channel's target URL would be refused
+    when sending (which disables the channel), or None. E-mail targets are not
+    URLs; an empty PagerDuty target means PagerDuty's public Events API."""
+    url = (target or "").strip()
+    if kind == AlertChannel.Kind.EMAIL or not url:
+        return None
+    return check_outbound_url(url, resolver=resolver)
 
 
 # --------------------------------------------------------------------------- routing

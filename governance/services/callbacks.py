@@ -12,7 +12,9 @@ The HTTP call itself lives in ``tasks.callbacks``; this module owns the facts:
 - ``record_result`` records the answer AFTER the call, only for the attempt that
   was claimed: delivered on 2xx; retry with capped exponential backoff on 429
   (Retry-After honoured), 5xx, network errors and timeouts; failed on any other
-  status or when the attempts are used up.
+  status, when the outbound check refused the URL (issue 10: loopback,
+  private, metadata addresses, plain http in production) or when the
+  attempts are used up.
 
 Receiver contract: one run sends at most one settlement, identified by the
 ``Idempotency-Key`` header (stable per run). Delivery is at least once — a
@@ -257,10 +259,14 @@ class Result:
     error: str = ""
     retry_after_s: float | None = None
     request_sent: bool = False  # a timeout after sending is retried all the same
+    refused: bool = False  # the outbound check refused the URL (issue 10): fails at once
 
 
 def classify(result: Result) -> str:
-    """delivered / retry / failed: 2xx delivered; 429, 5xx, network, timeout retry."""
+    """delivered / retry / failed: 2xx delivered; 429, 5xx, network, timeout retry;
+    a URL the outbound check refused fails at once."""
+    if result.refused:
+        return "failed"
     if result.status is None:
         return "retry"
     if 200 <= result.status < 300:
