@@ -136,6 +136,19 @@ def answers(*rounds: list[str]) -> Callable[[str, int], list[str]]:
     return resolve
 
 
+class Switch:
+    """A resolver whose answer the test changes: whatever the input checks
+    asked before, the send sees the answer set last."""
+
+    def __init__(self, answer: list[str]) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, int]] = []
+
+    def __call__(self, host: str, port: int) -> list[str]:
+        self.asked.append((host, port))
+        return list(self.answer)
+
+
 def hook_args(url: str) -> dict:
     return {"url": url, "payload": {"order": 7}}
 
@@ -277,11 +290,13 @@ def test_r7_3_a_name_that_does_not_resolve_at_send_is_a_network_error(nothing_al
 
 
 @pytest.mark.django_db
-def test_r7_3_refused_callback_fails_with_the_reason_and_is_never_retried(nothing_allowed):
+def test_r7_3_refused_callback_fails_with_the_reason_and_is_never_retried(settings):
     """R7.3: a callback row whose URL is the metadata service (written before
-    this check existed, or by a path that skipped it) fails on its first
-    attempt with the reason; the sweep never sends it again."""
+    this check existed, or while the allow-list still listed it) fails on its
+    first attempt with the reason; the sweep never sends it again."""
+    settings.GOVERNANCE_OUTBOUND_ALLOW = parse_allow_list(["169.254.169.254"])
     callback = settled_run("http://169.254.169.254/latest/meta-data/")
+    settings.GOVERNANCE_OUTBOUND_ALLOW = AllowList()
     assert delivery.deliver(callback.id) == RunCallback.State.FAILED
     callback.refresh_from_db()
     assert callback.attempts == 1 and callback.status_code is None
@@ -296,10 +311,11 @@ def test_r7_3_refused_callback_fails_with_the_reason_and_is_never_retried(nothin
 def test_r7_3_callback_rebinding_through_deliver(server, nothing_allowed, monkeypatch):
     """R7.3: the whole delivery path resolves again at send time."""
     url = server.url("/settled", host="rebind.example.com")
-    resolver = answers([PUBLIC], ["127.0.0.1"])
+    resolver = Switch([PUBLIC])
     monkeypatch.setattr(services_outbound, "resolve", resolver)
     assert check_outbound_url(url) is None
     callback = settled_run(url)
+    resolver.answer = ["127.0.0.1"]  # the name's owner rebinds it
     assert delivery.deliver(callback.id) == RunCallback.State.FAILED
     callback.refresh_from_db()
     assert "rebind.example.com resolves to 127.0.0.1" in callback.last_error
@@ -338,12 +354,14 @@ def test_r8_2_refused_channel_target_disables_the_channel(
 def test_r8_2_channel_rebinding_is_refused_at_send(server, nothing_allowed, monkeypatch):
     """R8.2: the check at input (the admin form) saw a public address; at send
     the name points at the metadata service."""
-    monkeypatch.setattr(services_outbound, "resolve", answers([PUBLIC], ["169.254.169.254"]))
+    resolver = Switch([PUBLIC])
+    monkeypatch.setattr(services_outbound, "resolve", resolver)
     target = server.url("/alert", host="alerts.example.com")
     assert services_alerts.channel_target_problem("webhook", target) is None
     channel = AlertChannel.objects.create(name="ops-hook", kind="webhook", target=target)
     now = time_source.now()
     emit(make_thread(now).segments.get(), "critical", now)
+    resolver.answer = ["169.254.169.254"]
     (row,) = NotificationDelivery.objects.all()
     assert alerts.deliver(row.id) == NotificationDelivery.State.FAILED
     channel.refresh_from_db()
