@@ -10,6 +10,7 @@ from governance.models import (
     Provider,
     ProviderHealthState,
 )
+from governance.services.alerts import channel_target_problem
 
 
 @admin.register(Provider)
@@ -111,6 +112,8 @@ class AlertChannelForm(forms.ModelForm):
                     self.add_error("target", f"{address!r} is not an e-mail address")
         if kind == AlertChannel.Kind.PAGERDUTY and not (data.get("routing_key_env") or "").strip():
             self.add_error("routing_key_env", "name the environment variable with the routing key")
+        if "target" not in self.errors and (problem := channel_target_problem(kind, target)):
+            self.add_error("target", problem)  # checked again when sending
         return data
 
 

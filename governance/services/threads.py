@@ -21,6 +21,7 @@ from governance.rules import segments as segment_rules
 from governance.services import alerts as services_alerts
 from governance.services.audit import audit
 from governance.services.errors import BoundaryConflict, ServiceError
+from governance.services.outbound import require_outbound_url
 
 
 def _session_id(thread: Thread, generation: int) -> str:
@@ -54,6 +55,8 @@ def create_thread(
     unknown_tools = sorted(set(tool_surface) - set(TOOL_NAMES))
     if unknown_tools:
         raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
+    # The worker will POST here: no loopback, private or metadata address (checked again at send).
+    require_outbound_url(callback_url, "callback_url")
     if not model:
         model = Provider.objects.get(provider_id=chain[0]).model
     with transaction.atomic():

@@ -385,3 +385,14 @@ def test_r8_2_ack_form_carries_the_current_filters(client, oncall, segment):
     assert '<input type="hidden" name="state" value="unacknowledged">' in form
     assert '<input type="hidden" name="severity" value="critical">' in form
     assert 'name="csrfmiddlewaretoken"' in form
+
+
+def test_r8_2_an_alert_channel_aimed_at_the_metadata_address_is_a_form_error():
+    """The admin form refuses a target the send would refuse (and disable the channel for)."""
+    from governance.admin import AlertChannelForm
+
+    data = {"name": "meta", "kind": "webhook", "target": "http://169.254.169.254/latest"}
+    data |= {"routing_key_env": "", "escalation_order": 1, "daily_budget": 10, "enabled": True}
+    form = AlertChannelForm(data=data)
+    assert not form.is_valid()
+    assert "the cloud metadata service" in " ".join(form.errors["target"])

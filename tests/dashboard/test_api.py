@@ -511,6 +511,13 @@ def test_get_thread_returns_the_thread_and_its_open_segment(api, thread):
             {"provider_chain": ["alpha"], "callback_url": "https://example.test/" + "a" * 200},
             "callback_url",
         ),
+        # The worker would POST there: metadata, private and (not allow-listed) loopback.
+        (
+            {"provider_chain": ["alpha"], "callback_url": "http://169.254.169.254/latest"},
+            "callback_url",
+        ),
+        ({"provider_chain": ["alpha"], "callback_url": "https://10.1.2.3/hook"}, "callback_url"),
+        ({"provider_chain": ["alpha"], "callback_url": "https://[fd00:ec2::254]/"}, "callback_url"),
     ],
     ids=lambda value: json.dumps(value)[:40] if isinstance(value, dict) else value,
 )
