@@ -742,18 +742,24 @@ def held_stage(
     min_age_s: float,
     timeout: float = 30,
     exclude: Iterable[int] = (),
+    need_holder: bool = True,
 ) -> dict[str, Any]:
     """Wait for a stage of ``kind`` that a worker holds and has run at least
     ``min_age_s`` (so it is inside its provider or tool call, not at its claim);
-    stages in ``exclude`` (already killed once) are not chosen."""
-    if "holder" not in system.stage_columns():
+    stages in ``exclude`` (already killed once) are not chosen. ``need_holder``
+    False: a claimed stage will do (a fault that needs no pid)."""
+    has_holder = "holder" in system.stage_columns()
+    if need_holder and not has_holder:
         raise HarnessError("governance_stage has no 'holder' column: nothing names the process")
+    holder_col = "holder" if has_holder else "''"
+    held = "holder <> ''" if has_holder else "claimed_at IS NOT NULL"
 
     def find():
         rows = system.sql(
-            "SELECT id, run_id::text, holder, deliveries, extract(epoch FROM now() - claimed_at) "
+            f"SELECT id, run_id::text, {holder_col}, deliveries, "
+            "extract(epoch FROM now() - claimed_at) "
             "FROM governance_stage WHERE run_id::text = ANY(%s) AND kind = %s "
-            "AND finished_at IS NULL AND holder <> '' AND claimed_at < now() - make_interval("
+            f"AND finished_at IS NULL AND {held} AND claimed_at < now() - make_interval("
             "secs => %s) AND NOT id = ANY(%s) ORDER BY claimed_at LIMIT 1",
             list(run_ids), kind, min_age_s, list(exclude),
         )  # fmt: skip
