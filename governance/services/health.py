@@ -97,7 +97,10 @@ def record_provider_result(
     with transaction.atomic(savepoint=False):
         row = ProviderHealthState.objects.select_for_update().filter(provider=provider).first()
         if row is None:
-            ProviderHealthState.objects.get_or_create(provider=provider)
+            # Two first closes for one provider race here: ON CONFLICT DO NOTHING.
+            ProviderHealthState.objects.bulk_create(
+                [ProviderHealthState(provider=provider)], ignore_conflicts=True
+            )
             row = ProviderHealthState.objects.select_for_update().get(provider=provider)
         _value, new = moved(row)
         for field_name in (
