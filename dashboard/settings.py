@@ -55,6 +55,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: JSON errors under /api/, whatever an inner layer answers (dashboard/errors.py).
+    "dashboard.errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -67,6 +69,10 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "dashboard.urls"
+# Django's default, 2.5 MiB: a larger request body under /api/ answers 413 JSON.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+# Error pages and mails (the technical 500 page of DJANGO_DEBUG=1) hide connection strings.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "dashboard.errors.SafeReporterFilter"
 WSGI_APPLICATION = "dashboard.wsgi.application"
 ASGI_APPLICATION = "dashboard.asgi.application"
 

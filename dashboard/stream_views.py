@@ -75,15 +75,26 @@ def _run_or_404(run_id: str) -> Run:
     return run
 
 
+LAST_EVENT_ID_MAX = 2**63 - 1  # RunEvent.id is a bigint
+
+
 def _last_event_id(request: HttpRequest) -> int:
+    """The Last-Event-ID header, else ``?last_event_id=``: ASCII digits, 0 … the
+    largest id stored (RunEvent.id is a bigint; RunViewer.last_event_id keeps it)."""
+    from governance.models import RunViewer
+
+    field = RunViewer._meta.get_field("last_event_id")
+    _low, high = db_connection.ops.integer_field_range(field.get_internal_type())
+    largest = min(LAST_EVENT_ID_MAX, high if high is not None else LAST_EVENT_ID_MAX)
     raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0"
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "Last-Event-ID", f"must be an event id, got {raw!r}") from None
-    if value < 0:
-        raise ApiError(400, "Last-Event-ID", f"must be >= 0, got {value}")
-    return value
+    # Digits only (int() would take " 7", "+7", "1_0" and other scripts' digits);
+    # checked by length first, so a huge value is refused without converting it.
+    if not (raw.isascii() and raw.isdigit()):
+        shown = raw if len(raw) <= 40 else raw[:40] + "…"
+        raise ApiError(400, "Last-Event-ID", f"must be an event id (digits), got {shown!r}")
+    if len(raw.lstrip("0")) > len(str(largest)) or int(raw) > largest:
+        raise ApiError(400, "Last-Event-ID", f"must be at most {largest}")
+    return int(raw)
 
 
 def _open_stream(request: HttpRequest, run_id: str) -> tuple[Run, int, str]:

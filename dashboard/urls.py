@@ -51,3 +51,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     *api_patterns,
 ]
+
+# Errors under /api/ answer JSON; elsewhere Django's plain pages (dashboard/errors.py).
+handler400 = "dashboard.errors.bad_request"
+handler403 = "dashboard.errors.permission_denied"
+handler404 = "dashboard.errors.page_not_found"
+handler500 = "dashboard.errors.server_error"
