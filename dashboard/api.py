@@ -7,25 +7,28 @@ writes nothing. Every change goes through ``governance.services``.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError
-from django.core.validators import URLValidator
+import pydantic_core
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
 
+from dashboard.api_schemas import BoundaryApply, RunSubmit, ThreadCreate
 from governance import services, time_source
 from governance.models import ApiToken, Run, Segment, Thread
 from governance.services.stages import publish
 from tasks import instrumentation as spans
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -94,75 +97,37 @@ def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
     return decorate
 
 
-def _body(request: HttpRequest) -> dict[str, Any]:
+def parse_body(request: HttpRequest, schema: type[BodyT]) -> BodyT:
+    """The request's JSON body, validated by its endpoint's schema (``api_schemas``)."""
     if request.content_type != "application/json":
         raise ApiError(415, None, "send a JSON body with Content-Type: application/json")
+    raw = request.body or b"{}"
     try:
-        data = json.loads(request.body or b"{}", parse_constant=_not_json)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # NaN and Infinity are not JSON (RFC 8259); the schema's parser would take them.
+        pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError as exc:
         raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
-    except _NotJsonError as exc:
-        raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, None, "the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, None, "the body must be a JSON object")
-    return data
+    try:
+        return schema.model_validate_json(raw)
+    except PydanticValidationError as exc:
+        raise ApiError(400, *_first_problem(exc)) from None
 
 
-class _NotJsonError(ValueError):
-    pass
-
-
-def _not_json(constant: str):
-    # NaN and Infinity are not JSON (RFC 8259); Python's parser accepts them.
-    raise _NotJsonError(f"{constant} is not a JSON value")
-
-
-def _field(
-    data: dict,
-    name: str,
-    kind: type | tuple,
-    *,
-    required: bool = False,
-    default=None,
-    max_length: int | None = None,
-):
-    if name not in data or data[name] is None:
-        if required:
-            raise ApiError(400, name, "is required")
-        return default
-    value = data[name]
-    # JSON true/false are not numbers here, whatever Python thinks of bool.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ApiError(400, name, f"must be a {names}")
-    # Longer than its column: answer 400 here rather than 500 from the database.
-    if max_length is not None and len(value) > max_length:
-        raise ApiError(400, name, f"must be at most {max_length} characters")
-    return value
-
-
-def _seconds(data: dict, name: str) -> float | None:
-    """A number of seconds; its range is the admission's (services.submit_run)."""
-    return _field(data, name, (int, float), default=None)
-
-
-def _callback_url(data: dict) -> str:
-    value = _field(data, "callback_url", str, default="", max_length=200)
-    if value:
-        try:
-            URLValidator(schemes=["http", "https"])(value)
-        except ValidationError:
-            raise ApiError(400, "callback_url", "must be an http(s) URL") from None
-    return value
-
-
-def _string_list(data: dict, name: str, *, required: bool = False) -> list[str] | None:
-    value = _field(data, name, list, required=required)
-    if value is not None and not all(isinstance(item, str) and item for item in value):
-        raise ApiError(400, name, "must be a list of non-empty strings")
-    return value
+def _first_problem(exc: PydanticValidationError) -> tuple[str | None, str]:
+    """One field and one sentence, from pydantic's first error (never the input
+    echoed). ``field`` is the top-level name; the message says where inside it."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = [part for part in error["loc"] if isinstance(part, int) or "[" not in str(part)]
+    field = str(loc[0]) if loc else None
+    inside = ".".join(f"item {p}" if isinstance(p, int) else str(p) for p in loc[1:])
+    kind, message = error["type"], error["msg"].removeprefix("Value error, ")
+    if kind == "model_type" and field is None:
+        return None, "the body must be a JSON object"
+    if kind == "extra_forbidden":
+        message = "is not a field of this request"
+    elif kind == "missing":
+        message = "is required"
+    return field, f"{inside}: {message}" if inside else message
 
 
 def _get(model, **lookup):
@@ -309,21 +274,13 @@ def run_json(run: Run) -> dict[str, Any]:
 
 @api_view(("POST",))
 def create_thread(request: HttpRequest) -> JsonResponse:
-    data = _body(request)
+    body = parse_body(request, ThreadCreate)
     thread = services.create_thread(
-        provider_chain=_string_list(data, "provider_chain", required=True),
-        title=_field(data, "title", str, default=""),
-        model=_field(data, "model", str, default="", max_length=200),
-        mode=_field(data, "mode", str, default="default", max_length=50),
-        tool_surface=_string_list(data, "tool_surface") or [],
-        system_prompt=_field(data, "system_prompt", str, default=""),
-        callback_url=_callback_url(data),
-        user=request.api_user,
-        now=time_source.now(),
+        **body.model_dump(), user=request.api_user, now=time_source.now()
     )
-    body = thread_json(thread)
-    body["segment"] = segment_json(services.open_segment(thread), time_source.now())
-    return JsonResponse(body, status=201)
+    answer = thread_json(thread)
+    answer["segment"] = segment_json(services.open_segment(thread), time_source.now())
+    return JsonResponse(answer, status=201)
 
 
 @api_view(("GET",))
@@ -343,25 +300,22 @@ def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
 @api_view(("POST",), atomic=True)
 def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
-    data = _body(request)
-    text = _field(data, "input", str, required=True)
-    budget = _field(data, "budget", dict, default=None)
-    numbers = {
-        name: _seconds(data, name) for name in ("deadline_s", "stage_budget_s", "no_progress_s")
-    }
+    body = parse_body(request, RunSubmit)
     run_id = uuid.uuid4()
     # The run's trace is allocated with its id and stored with the run (no second write).
     carrier = spans.new_run_trace(str(run_id), thread_id=str(thread.id), segment_key="")
     run, stage, created = services.submit_run(
         thread,
-        input=text,
+        input=body.input,
         user=request.api_user,
         now=time_source.now(),
-        idempotency_key=_field(data, "idempotency_key", str, default=None, max_length=200),
-        limits=budget,
+        idempotency_key=body.idempotency_key,
+        limits=body.budget.model_dump(exclude_none=True) if body.budget else None,
         trace_context=carrier,
         run_id=run_id,
-        **numbers,
+        deadline_s=body.deadline_s,
+        stage_budget_s=body.stage_budget_s,
+        no_progress_s=body.no_progress_s,
     )
     if created:
         spans.note_admission_segment(run.segment.key)
@@ -407,23 +361,17 @@ def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
     if not request.api_user.has_perm("governance.apply_boundary"):
         # R8.3: forcing a boundary needs the permission, like the dashboard button.
         raise ApiError(403, None, "forcing a boundary needs the 'apply_boundary' permission")
-    data = _body(request)
-    key = _field(
-        data, "idempotency_key", str, required=True, max_length=290
-    )  # the audit key adds "boundary:"
-    if not key.strip():
-        # R8.3: without a key a double click would make two boundaries.
-        raise ApiError(400, "idempotency_key", "is required")
+    body = parse_body(request, BoundaryApply)
     segment, created = services.apply_boundary(
         thread,
-        _field(data, "kind", str, required=True),
+        body.kind.value,
         by=request.api_user.get_username(),
-        reason=_field(data, "reason", str, required=True),
-        idempotency_key=key,
-        model=_field(data, "model", str, default=None, max_length=200),
-        mode=_field(data, "mode", str, default=None, max_length=50),
-        tool_surface=_string_list(data, "tool_surface"),
-        system_prompt=_field(data, "system_prompt", str, default=None),
+        reason=body.reason,
+        idempotency_key=body.idempotency_key,
+        model=body.model,
+        mode=body.mode,
+        tool_surface=body.tool_surface,
+        system_prompt=body.system_prompt,
         now=time_source.now(),
     )
     if not created and segment.thread_id != thread.id:

@@ -35,7 +35,8 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
-from dashboard.api import ApiError, _authenticate, error_response
+from dashboard.api import ApiError, _authenticate, error_response, parse_body
+from dashboard.api_schemas import AckBody
 from governance import services, time_source
 from governance.models import Run, RunEvent, Settlement
 from governance.services import stream as stream
@@ -290,16 +291,9 @@ def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
         if rejected is not None:
             return error_response(403, "X-CSRFToken", "CSRF check failed")
     run = _run_or_404(run_id)
-    if request.content_type != "application/json":
-        raise ApiError(415, None, "send a JSON body with Content-Type: application/json")
+    body = parse_body(request, AckBody)
     try:
-        data = json.loads(request.body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, None, f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or "through" not in data:
-        raise ApiError(400, "through", 'send {"through": <highest contiguous chunk_no>}')
-    try:
-        result = stream.record_ack(run, data["through"], now=time_source.now())
+        result = stream.record_ack(run, body.through, now=time_source.now())
     except services.ServiceError as exc:
         raise ApiError(400, exc.field, exc.message) from None
     return JsonResponse(

@@ -6,6 +6,7 @@ from dashboard import (
     alert_views,
     api,
     audit_views,
+    openapi,
     provider_views,
     report_views,
     run_views,
@@ -15,6 +16,7 @@ from dashboard import (
 )
 
 api_patterns = [
+    path("api/v1/openapi.json", openapi.openapi_json, name="api-openapi"),
     path("api/v1/threads", api.create_thread, name="api-threads"),
     path("api/v1/threads/<str:thread_id>", api.thread_detail, name="api-thread"),
     path("api/v1/threads/<str:thread_id>/segment", api.thread_segment, name="api-segment"),
@@ -46,6 +48,7 @@ urlpatterns = [
     path("reports/delivery.csv", report_views.delivery_report_csv, name="report-csv"),
     path("providers/", provider_views.providers, name="providers"),
     path("audit/", audit_views.audit_log, name="audit"),
+    path("docs/api/", openapi.api_reference, name="api-reference"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

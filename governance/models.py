@@ -582,4 +582,4 @@ class RunViewer(models.Model):
     state = models.CharField(max_length=16, default="running")  # running / detached
     connected_at = models.DateTimeField()
     disconnected_at = models.DateTimeField(null=True, blank=True)
-    last_event_id = models.PositiveIntegerField(default=0)
+    last_event_id = models.PositiveBigIntegerField(default=0)  # a RunEvent id (bigint)

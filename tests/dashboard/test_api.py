@@ -1315,3 +1315,42 @@ def test_r8_3_the_longest_accepted_boundary_key_is_stored_whole(api, thread):
     first = api.post(boundaries_url(thread), boundary("compact", key), status=201).json()
     again = api.post(boundaries_url(thread), boundary("compact", key), status=200).json()
     assert first["key"] == again["key"]
+
+
+# --------------------------------------------------------------------------- hostile text
+
+
+HOSTILE = [
+    ("nul", '{"input": "a\\u0000b"}', "input"),
+    ("lone-surrogate", '{"input": "a\\ud800b"}', None),
+    ("unknown-field", '{"input": "x", "priority": 9}', "priority"),
+    ("budget-1e40", '{"input": "x", "budget": {"model_requests": 1e40}}', "budget"),
+    ("budget-unknown", '{"input": "x", "budget": {"gpu_hours": 1}}', "budget"),
+    ("nested", '{"input": ' + "[" * 5000 + "]" * 5000 + "}", None),
+    ("key-nul", '{"input": "x", "idempotency_key": "k\\u0000"}', "idempotency_key"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "field"), [(d, f) for _, d, f in HOSTILE], ids=[h[0] for h in HOSTILE]
+)
+def test_hostile_submit_bodies_are_400_naming_the_field_and_write_nothing(api, thread, data, field):
+    """Each of these was a 500 (DataError, UnicodeEncodeError after 9-15 s,
+    RecursionError) or silently accepted before the schemas."""
+    before = counts()
+    response = api.post_raw(
+        f"/api/v1/threads/{thread['id']}/runs", data.encode(), "application/json"
+    )
+    api.error(response, 400, field)
+    assert counts() == before
+
+
+def test_nul_in_a_thread_title_and_a_boundary_reason_is_400(api, thread):
+    api.error(
+        api.post("/api/v1/threads", {"provider_chain": ["alpha"], "title": "a\x00b"}), 400, "title"
+    )
+    response = api.post(
+        f"/api/v1/threads/{thread['id']}/boundaries",
+        {"kind": "compact", "reason": "why\x00", "idempotency_key": "k-1"},
+    )
+    api.error(response, 400, "reason")

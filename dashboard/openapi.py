@@ -1,0 +1,293 @@
+"""The API's OpenAPI 3.1 description, built from the same pydantic models that
+validate the requests (``dashboard/api_schemas.py``): ``GET /api/v1/openapi.json``,
+and the browsable page ``/docs/api/`` in the dashboard.
+
+pydantic writes JSON Schema 2020-12, which is OpenAPI 3.1's schema dialect, so
+the models' schemas go into ``components.schemas`` unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from dashboard import api_schemas as s
+
+REF = "#/components/schemas/{model}"
+
+ERRORS = {
+    400: "bad input: the field and why (nothing was written)",
+    401: "no token, or an unknown or revoked one",
+    403: "the token's user lacks the permission",
+    404: "no such object",
+    405: "another method is used on this address",
+    409: "the request conflicts with the object's state",
+    413: f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes",
+    415: "the body is not Content-Type: application/json",
+    500: "an internal error (logged with the reference it names)",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    answers: dict[int, tuple[str, type[BaseModel] | None]]
+    body: type[BaseModel] | None = None
+    errors: tuple[int, ...] = (401, 405, 500)
+    tags: tuple[str, ...] = ()
+    parameters: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    description: str = ""
+    media_type: str = "application/json"
+
+
+def _path_id(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": f"the {what}'s id (a UUID)",
+        "schema": {"type": "string", "format": "uuid"},
+    }
+
+
+THREAD_ID = _path_id("thread_id", "thread")
+RUN_ID = _path_id("run_id", "run")
+WRITE = (400, 401, 404, 405, 413, 415, 500)
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post", "/api/v1/threads", "Create a thread (its first session and segment, R1.2)",
+        {201: ("the thread, with its open segment", s.ThreadAnswer)},
+        body=s.ThreadCreate, errors=(400, 401, 405, 413, 415, 500), tags=("threads",),
+    ),
+    Operation(
+        "get", "/api/v1/threads/{thread_id}", "A thread and its open segment",
+        {200: ("the thread", s.ThreadAnswer)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/threads/{thread_id}/segment",
+        "The thread's open segment with each provider's verdict (R8.1)",
+        {200: ("the open segment", s.SegmentAnswer)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/threads/{thread_id}/runs", "Submit a run on the thread's open segment",
+        {
+            202: ("admitted; its first stage is queued", s.RunAccepted),
+            200: ("the idempotency key's run, made earlier", s.RunAccepted),
+        },
+        body=s.RunSubmit, errors=WRITE, tags=("runs",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/threads/{thread_id}/boundaries",
+        "Force a new segment: compact, fresh start, model switch … (R1.3, R8.3)",
+        {
+            201: ("the new open segment", s.SegmentAnswer),
+            200: ("the idempotency key's boundary, made earlier", s.SegmentAnswer),
+        },
+        body=s.BoundaryApply, errors=(*WRITE, 403, 409), tags=("threads",),
+        parameters=(THREAD_ID,),
+        description="Needs the `apply_boundary` permission, like the dashboard's button.",
+    ),
+    Operation(
+        "get", "/api/v1/runs/{run_id}", "A run: lifecycle, stages and clocks, attempts, "
+        "budget, receipts, body and settlement",
+        {200: ("the run", s.RunAnswer)}, errors=(401, 404, 405, 500), tags=("runs",),
+        parameters=(RUN_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/runs/{run_id}/cancel", "Stop a run (R7.1: only an explicit stop cancels)",
+        {202: ("the stop is recorded; the run settles as cancelled", s.CancelAnswer)},
+        errors=(401, 404, 405, 409, 500), tags=("runs",), parameters=(RUN_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/runs/{run_id}/events", "The run's events as Server-Sent Events (R7.1)",
+        {200: ("an event stream; each event's id is its RunEvent id", None)},
+        errors=(400, 401, 404, 405, 500), tags=("runs",),
+        parameters=(
+            RUN_ID,
+            {
+                "name": "last_event_id", "in": "query", "required": False,
+                "description": "resume after this event id (or the Last-Event-ID header)",
+                "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+            },
+        ),
+        media_type="text/event-stream",
+    ),
+    Operation(
+        "post", "/api/v1/runs/{run_id}/acks",
+        "Acknowledge the chunks the client has shown (R7.2, R7.3)",
+        {200: ("what is committed, sent and observed now", s.AckAnswer)},
+        body=s.AckBody, errors=WRITE, tags=("runs",), parameters=(RUN_ID,),
+    ),
+)  # fmt: skip
+
+_DESCRIBED = {
+    model: None
+    for op in OPERATIONS
+    for model in (op.body, *(m for _, m in op.answers.values()))
+    if model is not None
+}
+MODELS: tuple[type[BaseModel], ...] = (*_DESCRIBED, s.ErrorAnswer)
+
+
+def _content(model: type[BaseModel] | None, media_type: str) -> dict[str, Any]:
+    if model is None:
+        return {media_type: {"schema": {"type": "string"}}}
+    return {media_type: {"schema": {"$ref": REF.format(model=model.__name__)}}}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        str(status): {"description": words, "content": _content(model, op.media_type)}
+        for status, (words, model) in op.answers.items()
+    }
+    for status in op.errors:
+        responses[str(status)] = {
+            "description": ERRORS[status],
+            "content": _content(s.ErrorAnswer, "application/json"),
+        }
+    responses = dict(sorted(responses.items()))
+    described: dict[str, Any] = {
+        "operationId": re.sub(r"[^a-z0-9]+", "_", f"{op.method} {op.path}").strip("_"),
+        "summary": op.summary,
+        "tags": list(op.tags),
+        "parameters": list(op.parameters),
+        "responses": responses,
+    }
+    if op.description:
+        described["description"] = op.description
+    if op.body is not None:
+        described["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}
+            },
+        }
+    return described
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    _, schemas = models_json_schema([(model, "validation") for model in MODELS], ref_template=REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Agent governance API",
+            "version": "1",
+            "description": (
+                "Runs of LLM agents under governance rules (docs/rules.md). Every request "
+                "sends `Authorization: Bearer <token>` (`manage.py create_api_token`). Bad "
+                'input answers 4xx with `{"error": {"field": …, "message": …}}` and writes '
+                "nothing; bodies are JSON objects of at most "
+                f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes, and unknown fields are "
+                "refused by name."
+            ),
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+@csrf_exempt
+def openapi_json(request: HttpRequest) -> JsonResponse:
+    """GET /api/v1/openapi.json — public: a client generator needs no token."""
+    if request.method != "GET":
+        from dashboard.api import error_response
+
+        response = error_response(405, None, "use GET on this address")
+        response["Allow"] = "GET"
+        return response
+    return JsonResponse(openapi_document(), json_dumps_params={"indent": 1})
+
+
+@login_required
+def api_reference(request: HttpRequest) -> HttpResponse:
+    """/docs/api/ — the same description, as a page: each endpoint, its body and answers."""
+    document = openapi_document()
+    schemas = document["components"]["schemas"]
+    endpoints = []
+    for path, methods in document["paths"].items():
+        for method, described in methods.items():
+            ref = described.get("requestBody", {}).get("content", {}).get("application/json", {})
+            body_name = ref.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1] or None
+            endpoints.append(
+                {
+                    "method": method.upper(),
+                    "path": path,
+                    "summary": described["summary"],
+                    "description": described.get("description", ""),
+                    "body": _fields(schemas.get(body_name, {}), schemas) if body_name else [],
+                    "answers": [
+                        (status, answer["description"])
+                        for status, answer in described["responses"].items()
+                    ],
+                }
+            )
+    return render(request, "api_reference.html", {"endpoints": endpoints, "info": document["info"]})
+
+
+def _fields(schema: dict[str, Any], schemas: dict[str, Any]) -> list[dict[str, str]]:
+    required = set(schema.get("required", []))
+    return [
+        {
+            "name": name,
+            "required": "required" if name in required else "optional",
+            "rule": _words(spec, schemas),
+            "description": spec.get("description", ""),
+        }
+        for name, spec in schema.get("properties", {}).items()
+    ]
+
+
+def _number(value: Any) -> str:
+    return (
+        f"{value:g}" if isinstance(value, float) else f"{value:,}" if value > 9999 else str(value)
+    )
+
+
+def _words(spec: dict[str, Any], schemas: dict[str, Any]) -> str:
+    """A schema in a few words: type and bounds."""
+    if "anyOf" in spec:
+        return " or ".join(_words(option, schemas) for option in spec["anyOf"])
+    if "$ref" in spec:
+        target = schemas.get(spec["$ref"].rsplit("/", 1)[-1], {})
+        if "properties" in target:
+            inner = "; ".join(
+                f"{name}: {_words(sub, schemas)}" for name, sub in target["properties"].items()
+            )
+            return f"object ({inner})"
+        return _words(target, schemas)
+    kind = spec.get("type", "any")
+    parts = [kind]
+    if "enum" in spec:
+        parts = ["one of " + ", ".join(map(str, spec["enum"]))]
+    for key, word in (("minLength", "≥ {} chars"), ("maxLength", "≤ {} chars"),
+                      ("minimum", "≥ {}"), ("maximum", "≤ {}"),
+                      ("minItems", "≥ {} items"), ("maxItems", "≤ {} items")):  # fmt: skip
+        if key in spec and not (key == "minLength" and spec[key] == 0):
+            parts.append(word.format(_number(spec[key])))
+    if kind == "array" and "items" in spec:
+        parts.append(f"of {_words(spec['items'], schemas)}")
+    return ", ".join(parts)
