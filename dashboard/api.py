@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from dashboard import permissions
 from dashboard.api_schemas import BoundaryApply, RunSubmit, ThreadCreate
 from governance import services, time_source
 from governance.models import ApiToken, Run, Segment, Thread
@@ -64,6 +65,7 @@ def _authenticate(request: HttpRequest):
     )
     if row is None or not row.user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
+    request.api_scopes = tuple(row.scopes or ())
     now = timezone.now()
     if row.last_used_at is None or now - row.last_used_at >= TOKEN_USE_PRECISION:
         # "Last used" to the minute: not one write per request of a busy client.
@@ -95,6 +97,13 @@ def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
         return wrapper
 
     return decorate
+
+
+def require(request: HttpRequest, permission: str) -> None:
+    """403 unless the token's user holds ``permission`` (and its scopes allow it)."""
+    user = getattr(request, "api_user", None) or request.user
+    if not permissions.allowed(user, permission, getattr(request, "api_scopes", ())):
+        raise ApiError(403, None, permissions.refusal(permission))
 
 
 def parse_body(request: HttpRequest, schema: type[BodyT]) -> BodyT:
@@ -299,6 +308,7 @@ def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
 
 @api_view(("POST",), atomic=True)
 def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
+    require(request, permissions.SUBMIT_RUN)
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
     body = parse_body(request, RunSubmit)
     run_id = uuid.uuid4()
@@ -342,6 +352,10 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
         run = Run.objects.get(id=_uuid(run_id, "run"))
     except Run.DoesNotExist:
         raise ApiError(404, None, "no such run") from None
+    if not permissions.may_stop(request.api_user, run, request.api_scopes):
+        raise ApiError(
+            403, None, permissions.refusal(permissions.CANCEL_RUN) + " (or your own run)"
+        )
     if run.status == Run.Status.SETTLED:
         raise ApiError(409, None, "the run is already settled; nothing to cancel")
     changed = services.request_cancel(
@@ -358,9 +372,7 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
 @api_view(("POST",))
 def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
     thread = _get(Thread, id=_uuid(thread_id, "thread"))
-    if not request.api_user.has_perm("governance.apply_boundary"):
-        # R8.3: forcing a boundary needs the permission, like the dashboard button.
-        raise ApiError(403, None, "forcing a boundary needs the 'apply_boundary' permission")
+    require(request, permissions.APPLY_BOUNDARY)  # R8.3: like the dashboard button
     body = parse_body(request, BoundaryApply)
     segment, created = services.apply_boundary(
         thread,

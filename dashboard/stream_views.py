@@ -35,6 +35,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
+from dashboard import permissions
 from dashboard.api import ApiError, _authenticate, error_response, parse_body
 from dashboard.api_schemas import AckBody
 from governance import services, time_source
@@ -326,7 +327,10 @@ def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     """/runs/{id}/watch — the end-user page: streams the answer, Stop, acks."""
     run = get_object_or_404(Run, id=run_id)
     settlement = Settlement.objects.filter(run=run).first()
-    return render(request, "watch.html", {"run": run, "settlement": settlement})
+    can_stop = permissions.may_stop(request.user, run)
+    return render(
+        request, "watch.html", {"run": run, "settlement": settlement, "can_stop": can_stop}
+    )
 
 
 @require_POST
@@ -334,6 +338,8 @@ def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
 def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     """POST /runs/{id}/stop — the Stop button: an explicit user stop (R7.1), like the API."""
     run = get_object_or_404(Run, id=run_id)
+    if not permissions.may_stop(request.user, run):
+        return error_response(403, None, permissions.refusal(permissions.CANCEL_RUN))
     if run.status == Run.Status.SETTLED:
         return error_response(409, None, "the run is already settled; nothing to stop")
     changed = services.request_cancel(run, by=request.user.get_username(), now=time_source.now())

@@ -208,6 +208,10 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "created_at"])]
+        permissions = [
+            ("submit_run", "Can submit runs"),
+            ("cancel_run", "Can stop runs"),
+        ]
 
 
 class Stage(models.Model):
@@ -458,6 +462,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Permission codenames the token is limited to (dashboard/permissions.py);
+    # empty: whatever its user's role allows.
+    scopes = models.JSONField(default=list, blank=True)
 
 
 class SpanRecord(models.Model):

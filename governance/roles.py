@@ -1,15 +1,20 @@
 """The dashboard's roles as Django groups with their permissions (R8).
 
-Migration 0004 creates them; ``ensure_roles`` restores them where a database
+Migrations 0004 and 0009 create them; ``ensure_roles`` restores them where a database
 was flushed (transactional tests) or set up without migrations.
 """
 
 from __future__ import annotations
 
 ROLES: dict[str, tuple[str, ...]] = {
-    "on-call": ("acknowledge_notification",),
-    "operator": ("acknowledge_notification", "apply_boundary"),
+    # Acknowledges critical freeze alerts; may stop a run that is doing harm.
+    "on-call": ("acknowledge_notification", "cancel_run"),
+    # Forces new segments (compact, fresh start, switch model) and runs work.
+    "operator": ("acknowledge_notification", "apply_boundary", "submit_run", "cancel_run"),
+    # Reads everything, changes nothing (no Stop either).
     "manager": ("view_delivery_report",),
+    # Service accounts of the agent products: submit runs, watch and stop them.
+    "agent-client": ("submit_run", "cancel_run"),
 }
 
 

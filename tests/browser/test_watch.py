@@ -24,16 +24,29 @@ def quick_stream(monkeypatch):
 
 
 @pytest.fixture
-def run():
+def run(outsider):
     Provider.objects.create(
         provider_id="scripted-primary", kind="scripted", model="m",
         script={"default": {"answer": {"text": "never used"}}},
     )  # fmt: skip
     thread = services.create_thread(provider_chain=["scripted-primary"], now=time_source.now())
+    # The end user who asked (R7.1: they may stop their own run, whatever their role).
     the_run, _stage, _ = services.submit_run(
-        thread, input="Explain the plan", now=time_source.now()
+        thread, input="Explain the plan", now=time_source.now(), user=outsider
     )
     return the_run
+
+
+def test_r7_1_a_manager_watching_cannot_stop_and_is_told_why(page_for, manager, run, client):
+    page = page_for(manager.username)
+    page.goto(page.url.rstrip("/") + f"/runs/{run.id}/watch")
+    stop = page.get_by_role("button", name="Stop")
+    assert stop.is_disabled()
+    assert "can stop this run" in page.locator("#stop-why").inner_text()
+    client.force_login(manager)
+    response = client.post(f"/runs/{run.id}/stop")
+    assert response.status_code == 403 and "cancel_run" in response.json()["error"]["message"]
+    assert Run.objects.get(id=run.id).cancel_requested_at is None
 
 
 def wait_until(predicate, timeout=15.0, what="condition"):

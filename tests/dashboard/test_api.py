@@ -127,7 +127,9 @@ def user(django_user_model):
     from django.contrib.auth.models import Permission
 
     operator = django_user_model.objects.create_user(USERNAME)  # no password: unusable
-    operator.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    operator.user_permissions.add(
+        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+    )
     return operator
 
 

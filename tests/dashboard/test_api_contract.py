@@ -53,7 +53,9 @@ def bearer(django_user_model):
     from governance.models import ApiToken
 
     user = django_user_model.objects.create_user("contract", password="unused-password-1")
-    user.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+    )
     token = "contract-token-" + "x" * 20
     ApiToken.objects.create(user=user, name="contract", key_digest=token_digest(token))
     return {"Authorization": f"Bearer {token}"}

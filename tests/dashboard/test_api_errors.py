@@ -90,7 +90,9 @@ def user(django_user_model):
     from django.contrib.auth.models import Permission
 
     the_user = django_user_model.objects.create_user("errors-operator")
-    the_user.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    the_user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+    )
     ApiToken.objects.create(user=the_user, name="t", key_digest=token_digest(TOKEN))
     return the_user
 

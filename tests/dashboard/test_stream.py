@@ -28,7 +28,13 @@ def fast_stream(monkeypatch):
 
 @pytest.fixture
 def token_user(django_user_model):
+    from django.contrib.auth.models import Group
+
+    from governance.roles import ensure_roles
+
+    ensure_roles()  # a transactional test's flush removes the migration's groups
     user = django_user_model.objects.create_user("streamer", password="unused-password-1")
+    user.groups.add(Group.objects.get(name="agent-client"))
     ApiToken.objects.create(user=user, name="t", key_digest=token_digest(TOKEN))
     return user
 

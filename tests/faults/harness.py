@@ -716,7 +716,9 @@ if spec.get("alert_url"):
         name="faults-alerts", defaults={"kind": "webhook", "target": spec["alert_url"]}
     )
 user, _ = User.objects.get_or_create(username="faults")
-user.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+user.user_permissions.add(
+    *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+)
 token = secrets.token_urlsafe(24)
 ApiToken.objects.create(user=user, name="faults", key_digest=token_digest(token))
 print(token)

@@ -84,7 +84,9 @@ def api(client, django_user_model):
     from django.contrib.auth.models import Permission
 
     user = django_user_model.objects.create_user("engine", password="unused-password-1")
-    user.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+    )
     token = "test-token-" + "x" * 20
     ApiToken.objects.create(user=user, name="tests", key_digest=token_digest(token))
     return Api(client, token)

@@ -1,0 +1,47 @@
+"""Who may do what — over the API exactly as in the dashboard (R8).
+
+One name per action. A user holds permissions through its role (Django
+groups, ``governance/roles.py``); an API token may narrow them further with
+its scopes (an empty scope list means "what its user may do").
+"""
+
+from __future__ import annotations
+
+SUBMIT_RUN = "governance.submit_run"
+CANCEL_RUN = "governance.cancel_run"
+APPLY_BOUNDARY = "governance.apply_boundary"
+ACKNOWLEDGE = "governance.acknowledge_notification"
+VIEW_REPORT = "governance.view_delivery_report"
+MANAGE_PROVIDERS = "governance.change_provider"
+
+WORDS = {
+    SUBMIT_RUN: "submitting runs",
+    CANCEL_RUN: "stopping runs",
+    APPLY_BOUNDARY: "forcing a boundary",
+    ACKNOWLEDGE: "acknowledging alerts",
+    VIEW_REPORT: "the delivery report",
+    MANAGE_PROVIDERS: "adding or changing providers",
+}
+
+# What a token may be limited to (its scopes), by codename.
+SCOPES = tuple(name.split(".", 1)[1] for name in WORDS)
+
+
+def allowed(user, permission: str, scopes=()) -> bool:
+    """The user's role grants it, and the token's scopes (if any) include it."""
+    if not user.has_perm(permission):
+        return False
+    return not scopes or permission.split(".", 1)[1] in scopes
+
+
+def refusal(permission: str) -> str:
+    codename = permission.split(".", 1)[1]
+    return f"{WORDS[permission]} needs the '{codename}' permission"
+
+
+def may_stop(user, run, scopes=()) -> bool:
+    """R7.1: the user who asked may stop their own run; others need cancel_run."""
+    if allowed(user, CANCEL_RUN, scopes):
+        return True
+    own = bool(user.get_username()) and run.authorization.get("user") == user.get_username()
+    return own and (not scopes or CANCEL_RUN.split(".", 1)[1] in scopes)
