@@ -513,7 +513,9 @@ class System:
             f"    base_url={base_url!r}, connect_timeout_s=5.0, read_timeout_s=30.0)\n"
         )
         self.manage("shell", "-c", script)
-        self.token = self.manage("create_api_token", "bench", "--name", "bench").strip()
+        self.token = self.manage(
+            "create_api_token", "bench", "--name", "bench", "--role", "agent-client"
+        ).strip()
         self.token = self.token.splitlines()[-1].strip()
         log(f"user, token and provider {PROVIDER_ID} → {base_url} created")
 

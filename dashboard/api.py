@@ -6,7 +6,6 @@ writes nothing. Every change goes through ``governance.services``.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -27,6 +26,7 @@ from dashboard.api_schemas import BoundaryApply, RunSubmit, ThreadCreate
 from governance import services, time_source
 from governance.models import ApiToken, Run, Segment, Thread
 from governance.services.stages import publish
+from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -47,10 +47,6 @@ def error_response(status: int, field: str | None, message: str) -> JsonResponse
 
 
 TOKEN_USE_PRECISION = timedelta(minutes=1)
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _authenticate(request: HttpRequest):

@@ -23,9 +23,6 @@ WORDS = {
     MANAGE_PROVIDERS: "adding or changing providers",
 }
 
-# What a token may be limited to (its scopes), by codename.
-SCOPES = tuple(name.split(".", 1)[1] for name in WORDS)
-
 
 def allowed(user, permission: str, scopes=()) -> bool:
     """The user's role grants it, and the token's scopes (if any) include it."""

@@ -12,6 +12,7 @@ from dashboard import (
     run_views,
     segment_views,
     stream_views,
+    token_views,
     views,
 )
 
@@ -49,6 +50,8 @@ urlpatterns = [
     path("providers/", provider_views.providers, name="providers"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("docs/api/", openapi.api_reference, name="api-reference"),
+    path("tokens/", token_views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke", token_views.revoke, name="token-revoke"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -1,0 +1,78 @@
+"""API tokens in the dashboard: yours (staff: everyone's), a new one shown
+once, and one click to revoke. The same service as ``manage.py api_tokens``."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from governance import time_source
+from governance.models import ApiToken
+from governance.services.errors import ServiceError
+from governance.services.tokens import TOKEN_SCOPES, create_token, revoke_token
+
+SCOPE_WORDS = {
+    "submit_run": "submit runs",
+    "cancel_run": "stop runs",
+    "apply_boundary": "force boundaries",
+    "acknowledge_notification": "acknowledge alerts",
+    "view_delivery_report": "read the delivery report",
+    "change_provider": "add or change providers",
+}
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. “billing agent”.")
+    scopes = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Leave all unticked for everything your role allows.",
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Only what the role allows can be a scope (a scope narrows, never widens).
+        self.fields["scopes"].choices = [
+            (s, SCOPE_WORDS[s]) for s in TOKEN_SCOPES if user.has_perm(f"governance.{s}")
+        ]
+
+
+def _visible(request: HttpRequest):
+    rows = ApiToken.objects.select_related("user").order_by("revoked_at", "-created_at", "-id")
+    return rows if request.user.is_staff else rows.filter(user=request.user)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None, user=request.user)
+    secret = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            _row, secret = create_token(
+                request.user, name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"], by=request.user.get_username(),
+                now=time_source.now(),
+            )  # fmt: skip
+            form = TokenForm(user=request.user)
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+    return render(
+        request,
+        "tokens.html",
+        {"form": form, "secret": secret, "rows": _visible(request)[:200], "words": SCOPE_WORDS},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_POST
+def revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    row = _visible(request).filter(id=token_id).first()
+    if row is None:
+        raise Http404("No such token.")
+    revoke_token(row, by=request.user.get_username(), now=time_source.now())
+    return redirect("tokens")
