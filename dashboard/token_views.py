@@ -14,6 +14,7 @@ from governance.models import ApiToken
 from governance.services.errors import ServiceError
 from governance.services.tokens import TOKEN_SCOPES, create_token, revoke_token
 
+NEW_TOKEN_KEY = "new_api_token"
 SCOPE_WORDS = {
     "submit_run": "submit runs",
     "cancel_run": "stop runs",
@@ -49,15 +50,17 @@ def _visible(request: HttpRequest):
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None, user=request.user)
-    secret = None
+    # Shown once: kept in the session across the redirect, so a reload neither
+    # shows it again nor posts the form a second time.
+    secret = request.session.pop(NEW_TOKEN_KEY, None)
     if request.method == "POST" and form.is_valid():
         try:
-            _row, secret = create_token(
+            _row, request.session[NEW_TOKEN_KEY] = create_token(
                 request.user, name=form.cleaned_data["name"],
                 scopes=form.cleaned_data["scopes"], by=request.user.get_username(),
                 now=time_source.now(),
             )  # fmt: skip
-            form = TokenForm(user=request.user)
+            return redirect("tokens")
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
     return render(
