@@ -6,15 +6,20 @@ writes nothing. Every change goes through ``governance.services``.
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import wraps
 from typing import Any, TypeVar
 
 import pydantic_core
-from django.db import transaction
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -22,14 +27,33 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from dashboard import permissions
-from dashboard.api_schemas import BoundaryApply, RunSubmit, ThreadCreate
+from dashboard.api_schemas import (
+    BoundaryApply,
+    NotificationQuery,
+    ProviderCreate,
+    ProviderUpdate,
+    RunSubmit,
+    ThreadCreate,
+    ThreadQuery,
+)
 from governance import services, time_source
-from governance.models import ApiToken, Run, Segment, Thread
+from governance.models import (
+    ApiToken,
+    Notification,
+    Provider,
+    ProviderHealthState,
+    Run,
+    Segment,
+    Thread,
+)
+from governance.rules.refusal import RefusalError, parse_segment_key
+from governance.services import providers as provider_services
 from governance.services.stages import publish
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
+QueryT = TypeVar("QueryT", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -386,3 +410,291 @@ def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
         # The key was spent on another thread's boundary: never answer with its segment.
         raise ApiError(400, "idempotency_key", "already used for another thread")
     return JsonResponse(segment_json(segment, time_source.now()), status=201 if created else 200)
+
+
+# --------------------------------------------------------------------------- client endpoints
+# Issue 10, "What a client needs": the notifications inbox and its acknowledgement,
+# providers, and thread/segment reads. Lists are paged by an opaque cursor (the
+# last item's created_at and id), newest first.
+
+
+def _by_method(**views: Callable) -> Callable:
+    """One address, one view per method (each an ``api_view``); others answer 405."""
+    allowed = ", ".join(views)
+
+    @csrf_exempt
+    def dispatch(request: HttpRequest, *args, **kwargs):
+        view = views.get(request.method or "")
+        if view is None:
+            response = error_response(405, None, f"use {' or '.join(views)} on this address")
+            response["Allow"] = allowed
+            return response
+        return view(request, *args, **kwargs)
+
+    return dispatch
+
+
+def parse_query(request: HttpRequest, schema: type[QueryT]) -> QueryT:
+    """The query string, validated by its endpoint's model; a repeated name is refused."""
+    values = {}
+    for name, items in request.GET.lists():
+        if len(items) != 1:
+            raise ApiError(400, name, "give this parameter once")
+        values[name] = items[0]
+    try:
+        return schema.model_validate(values)
+    except PydanticValidationError as exc:
+        raise ApiError(400, *_first_problem(exc)) from None
+
+
+def _encode_cursor(created_at, pk) -> str:
+    raw = json.dumps([created_at.isoformat(), str(pk)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, pk: Callable[[str], Any]):
+    """(created_at, pk) of a cursor this API gave out; 400 naming ``cursor`` otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        when, key = json.loads(raw)
+        created_at = datetime.fromisoformat(when)
+        if created_at.tzinfo is None:
+            raise ValueError(when)
+        return created_at.astimezone(UTC), pk(key)
+    except (ValueError, TypeError, OverflowError):
+        raise ApiError(400, "cursor", "is not a cursor this API gave out") from None
+
+
+def _page(rows, query, pk: Callable[[str], Any]) -> tuple[list, str | None]:
+    """One page of ``rows`` (newest first by created_at, then id) and the next cursor."""
+    rows = rows.order_by("-created_at", "-pk")
+    if query.cursor is not None:
+        created_at, last = _decode_cursor(query.cursor, pk)
+        rows = rows.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=last))
+    items = list(rows[: query.limit + 1])
+    more = len(items) > query.limit
+    items = items[: query.limit]
+    return items, _encode_cursor(items[-1].created_at, items[-1].pk) if more else None
+
+
+def _notification_pk(value: str) -> int:
+    """A notification id as the database can hold it; ValueError otherwise."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+        raise ValueError(value)
+    number = int(value)
+    field = Notification._meta.pk
+    _low, high = connection.ops.integer_field_range(field.get_internal_type())
+    if high is not None and number > high:
+        raise ValueError(value)
+    return number
+
+
+def notification_json(notification: Notification) -> dict[str, Any]:
+    acked_by = notification.acked_by
+    return {
+        "id": notification.id,
+        "dedupe_key": notification.dedupe_key,
+        "severity": notification.severity,
+        "text": notification.text,
+        "segment": notification.segment.key if notification.segment_id else None,
+        "provider_ids": list(notification.provider_ids or []),
+        "reprobes": notification.reprobes,
+        "escalation_level": notification.escalation_level,
+        "created_at": notification.created_at.isoformat(),
+        "acknowledged_by": acked_by.get_username() if acked_by else None,
+        "acknowledged_at": _iso(notification.acked_at),
+        "resolved_at": _iso(notification.resolved_at),
+    }
+
+
+@api_view(("GET",))
+def notifications(request: HttpRequest) -> JsonResponse:
+    query = parse_query(request, NotificationQuery)
+    rows = Notification.objects.select_related("segment", "acked_by")
+    if query.state == "unacknowledged":
+        rows = rows.filter(acked_at__isnull=True)
+    elif query.state == "acknowledged":
+        rows = rows.filter(acked_at__isnull=False)
+    if query.severity != "all":
+        rows = rows.filter(severity=query.severity)
+    if query.segment is not None:
+        rows = rows.filter(segment__key=query.segment)
+    if query.since is not None:
+        rows = rows.filter(created_at__gte=query.since)
+    items, next_cursor = _page(rows, query, _notification_pk)
+    return JsonResponse(
+        {"items": [notification_json(n) for n in items], "next_cursor": next_cursor}
+    )
+
+
+@api_view(("POST",), atomic=True)
+def acknowledge_notification(request: HttpRequest, notification_id: str) -> JsonResponse:
+    """R8.2 over the API, as the inbox's button: once; a second answers who was first."""
+    require(request, permissions.ACKNOWLEDGE)
+    try:
+        notification, changed = services.acknowledge_notification(
+            _notification_pk(notification_id), user=request.api_user, now=time_source.now()
+        )
+    except (ValueError, Notification.DoesNotExist):
+        raise ApiError(404, None, "no such notification") from None
+    return JsonResponse({**notification_json(notification), "acknowledged_now": changed})
+
+
+def _key_present(name: str) -> bool:
+    if not name:
+        return False
+    try:
+        return settings.GOVERNANCE_NAMED_SECRET(name) is not None
+    except ImproperlyConfigured:
+        return False  # a bad name, or both NAME and NAME_FILE set: no usable key
+
+
+def provider_json(provider: Provider) -> dict[str, Any]:
+    """A provider's configuration: its key's variable *name* and whether it is set, never a key."""
+    try:
+        breaker = provider.health.breaker
+    except ProviderHealthState.DoesNotExist:
+        breaker = "closed"
+    return {
+        "provider_id": provider.provider_id,
+        "kind": provider.kind,
+        "model": provider.model,
+        "base_url": provider.base_url,
+        "key_env": provider.api_key_env or None,
+        "key_present": _key_present(provider.api_key_env),
+        "has_script": provider.script is not None,
+        "connect_timeout_s": provider.connect_timeout_s,
+        "read_timeout_s": provider.read_timeout_s,
+        "failure_threshold": provider.failure_threshold,
+        "base_cooldown_s": provider.base_cooldown_s,
+        "max_cooldown_s": provider.max_cooldown_s,
+        "enabled": provider.enabled,
+        "breaker": breaker,
+        "created_at": provider.created_at.isoformat(),
+        "updated_at": provider.updated_at.isoformat(),
+    }
+
+
+def script_problem(script: Any) -> str | None:
+    """What the scripted adapter would refuse in ``script`` (None: it runs)."""
+    from tasks.adapters import validate_script
+
+    try:
+        validate_script(script)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _provider_settings(body: BaseModel, *, exclude_none: bool) -> dict[str, Any]:
+    values = body.model_dump(exclude_none=exclude_none, exclude={"provider_id", "reason"})
+    if "key_env" in values:
+        values["api_key_env"] = values.pop("key_env")
+    if values.get("script") is not None and (problem := script_problem(values["script"])):
+        raise ApiError(400, "script", problem)
+    return values
+
+
+def _provider_problem(exc: services.ServiceError) -> ApiError:
+    """A service's refusal, named by the API's field (``key_env`` is ``api_key_env`` there)."""
+    return ApiError(400, "key_env" if exc.field == "api_key_env" else exc.field, exc.message)
+
+
+def _provider(provider_id: str) -> Provider:
+    if not provider_services.PROVIDER_ID.fullmatch(provider_id):
+        raise ApiError(404, None, "no such provider")
+    try:
+        return Provider.objects.select_related("health").get(provider_id=provider_id)
+    except Provider.DoesNotExist:
+        raise ApiError(404, None, "no such provider") from None
+
+
+@api_view(("GET",))
+def list_providers(request: HttpRequest) -> JsonResponse:
+    rows = Provider.objects.select_related("health").order_by("provider_id")
+    return JsonResponse({"items": [provider_json(p) for p in rows]})
+
+
+@api_view(("POST",))
+def create_provider(request: HttpRequest) -> JsonResponse:
+    require(request, permissions.MANAGE_PROVIDERS)
+    body = parse_body(request, ProviderCreate)
+    values = _provider_settings(body, exclude_none=False)
+    try:
+        provider = provider_services.create_provider(
+            provider_id=body.provider_id,
+            by=request.api_user.get_username(),
+            now=time_source.now(),
+            **values,
+        )
+    except provider_services.ProviderExists as exc:
+        raise ApiError(409, exc.field, exc.message) from None
+    except services.ServiceError as exc:
+        raise _provider_problem(exc) from None
+    return JsonResponse(provider_json(provider), status=201)
+
+
+@api_view(("GET",))
+def provider_detail(request: HttpRequest, provider_id: str) -> JsonResponse:
+    return JsonResponse(provider_json(_provider(provider_id)))
+
+
+@api_view(("PATCH",))
+def update_provider(request: HttpRequest, provider_id: str) -> JsonResponse:
+    require(request, permissions.MANAGE_PROVIDERS)
+    _provider(provider_id)  # 404 before judging the body
+    body = parse_body(request, ProviderUpdate)
+    try:
+        provider, _changed = provider_services.update_provider(
+            provider_id,
+            by=request.api_user.get_username(),
+            now=time_source.now(),
+            reason=body.reason,
+            **_provider_settings(body, exclude_none=True),
+        )
+    except Provider.DoesNotExist:
+        raise ApiError(404, None, "no such provider") from None
+    except services.ServiceError as exc:
+        raise _provider_problem(exc) from None
+    return JsonResponse(provider_json(_provider(provider.provider_id)))
+
+
+def thread_list_json(thread: Thread, open_segments: dict) -> dict[str, Any]:
+    answer = thread_json(thread)
+    del answer["system_prompt"]  # can be long: GET /api/v1/threads/{id} has it
+    answer["open_segment"] = open_segments.get(thread.id)
+    return answer
+
+
+@api_view(("GET",))
+def list_threads(request: HttpRequest) -> JsonResponse:
+    query = parse_query(request, ThreadQuery)
+    items, next_cursor = _page(Thread.objects.all(), query, uuid.UUID)
+    open_segments = dict(
+        Segment.objects.filter(thread__in=items, closed_at__isnull=True).values_list(
+            "thread_id", "key"
+        )
+    )
+    return JsonResponse(
+        {"items": [thread_list_json(t, open_segments) for t in items], "next_cursor": next_cursor}
+    )
+
+
+@api_view(("GET",))
+def segment_detail(request: HttpRequest, segment_key: str) -> JsonResponse:
+    """Any segment (open or closed) by its key, ``session#number`` (``%23`` in the path)."""
+    try:
+        parse_segment_key(segment_key)  # its shape, before the database sees it
+        if "\x00" in segment_key or len(segment_key) > Segment._meta.get_field("key").max_length:
+            raise RefusalError(segment_key)
+        segment = Segment.objects.select_related("thread").get(key=segment_key)
+    except (RefusalError, Segment.DoesNotExist):
+        raise ApiError(404, None, "no such segment") from None
+    answer = segment_json(segment, time_source.now())
+    answer["thread_id"] = str(segment.thread_id)
+    return JsonResponse(answer)
+
+
+threads = _by_method(GET=list_threads, POST=create_thread)
+providers = _by_method(GET=list_providers, POST=create_provider)
+provider = _by_method(GET=provider_detail, PATCH=update_provider)

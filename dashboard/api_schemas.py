@@ -14,11 +14,22 @@ every number has a range; unknown fields are refused by name.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 from governance.rules.segments import BoundaryKind
+from governance.services import providers as provider_rules
 from governance.services.runs import BUDGET_MAX, DURATION_MAX, DURATION_MIN
 from governance.services.threads import TOOL_NAMES
 
@@ -218,3 +229,223 @@ class AckAnswer(Answer):
     sent: int
     observed: int
     newly_observed: int
+
+
+# --------------------------------------------------------------------------- client endpoints
+# Issue 10, "What a client needs": notifications, providers, thread and segment reads.
+# Query strings are validated by a model too (``Query``): their values arrive as
+# text, so numbers and times are parsed from it, strictly (ASCII digits, ISO 8601
+# with an offset); unknown parameters are refused by name like unknown fields.
+
+PAGE_LIMIT_MAX = 200
+PAGE_LIMIT_DEFAULT = 50
+
+
+def _ascii_whole_number(value: Any) -> Any:
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 6):
+        raise ValueError("must be a whole number (ASCII digits)")
+    return value
+
+
+RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _rfc3339(value: Any) -> Any:
+    """A time in a query string: RFC 3339 (ISO 8601 with an offset), nothing looser."""
+    if not isinstance(value, str):
+        return value
+    if not RFC3339.fullmatch(value.upper()):
+        raise ValueError("must be an ISO 8601 time with an offset, e.g. 2026-01-31T12:00:00Z")
+    try:
+        return datetime.fromisoformat(value.upper())
+    except ValueError:
+        raise ValueError("is not a valid time") from None
+
+
+def _utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once converted to UTC") from None
+
+
+class Query(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
+
+
+class PageQuery(Query):
+    cursor: text(400, min_length=1) | None = Field(
+        None, description="the `next_cursor` of the previous page (opaque)"
+    )
+    limit: Annotated[int, Field(ge=1, le=PAGE_LIMIT_MAX), BeforeValidator(_ascii_whole_number)] = (
+        Field(PAGE_LIMIT_DEFAULT, description=f"items per page, 1 to {PAGE_LIMIT_MAX}")
+    )
+
+
+class NotificationQuery(PageQuery):
+    state: Literal["all", "unacknowledged", "acknowledged"] = Field(
+        "all", description="acknowledged by someone or not"
+    )
+    severity: Literal["all", "critical", "normal"] = Field(
+        "all", description="critical: a provider is frozen in a segment; normal: a first refusal"
+    )
+    segment: text(64, min_length=1) | None = Field(
+        None, description="a segment key, `session#number` (URL-encode `#` as `%23`)"
+    )
+    since: Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_utc)] | None = Field(
+        None, description="only notifications created at or after this time (ISO 8601, offset)"
+    )
+
+
+class ThreadQuery(PageQuery):
+    pass
+
+
+def _plain_json(value: Any, depth: int = 0) -> Any:
+    """A script the database can store (jsonb refuses NUL in strings and keys)."""
+    if depth > 64:
+        raise ValueError("is nested too deeply")
+    if isinstance(value, str):
+        _plain_text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _plain_text(key)
+            _plain_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _plain_json(item, depth + 1)
+    return value
+
+
+def _range(name: str, kind: type = float):
+    low, high = provider_rules.RANGES[name]
+    return Annotated[kind, Field(ge=low, le=high)]
+
+
+ProviderKind = Literal["openai", "anthropic", "scripted"]
+BaseUrl = Annotated[
+    str,
+    StringConstraints(
+        max_length=provider_rules.BASE_URL_MAX, pattern=r"^(https?://[^\s/?#]+\S*)?$"
+    ),
+    AfterValidator(_plain_text),
+    Field(description="http(s) base URL of the server (openai and anthropic kinds only)"),
+]
+KeyEnv = Annotated[
+    str,
+    StringConstraints(
+        max_length=provider_rules.ENV_NAME_MAX, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$"
+    ),
+    Field(
+        description="the NAME of the environment variable holding the key, never the key; "
+        "'' for none"
+    ),
+]
+Script = Annotated[
+    dict[str, Any],
+    AfterValidator(_plain_json),
+    Field(description="scripted kind only: the script (format in tasks/adapters/scripted.py)"),
+]
+
+
+class ProviderCreate(Body):
+    provider_id: ProviderId
+    kind: ProviderKind
+    model: text(provider_rules.MODEL_MAX, min_length=1, strip=True)
+    base_url: BaseUrl = ""
+    key_env: KeyEnv = ""
+    script: Script | None = None
+    connect_timeout_s: _range("connect_timeout_s") = 10.0
+    read_timeout_s: _range("read_timeout_s") = 120.0
+    failure_threshold: _range("failure_threshold", int) = 3
+    base_cooldown_s: _range("base_cooldown_s") = 30.0
+    max_cooldown_s: _range("max_cooldown_s") = 600.0
+    enabled: bool = True
+
+
+class ProviderUpdate(Body):
+    """Only the fields sent change (null: unchanged); kind and provider_id stay."""
+
+    enabled: bool | None = None
+    model: text(provider_rules.MODEL_MAX, min_length=1, strip=True) | None = None
+    base_url: BaseUrl | None = None
+    key_env: KeyEnv | None = None
+    script: Script | None = None
+    connect_timeout_s: _range("connect_timeout_s") | None = None
+    read_timeout_s: _range("read_timeout_s") | None = None
+    failure_threshold: _range("failure_threshold", int) | None = None
+    base_cooldown_s: _range("base_cooldown_s") | None = None
+    max_cooldown_s: _range("max_cooldown_s") | None = None
+    reason: text(2_000) = Field("", description="kept in the audit log with the change")
+
+
+class NotificationAnswer(Answer):
+    id: int
+    dedupe_key: str
+    severity: Literal["normal", "critical"]
+    text: str
+    segment: str | None = Field(description="the segment key, if the notice is about one")
+    provider_ids: list[str]
+    reprobes: int
+    escalation_level: int
+    created_at: str
+    acknowledged_by: str | None
+    acknowledged_at: str | None
+    resolved_at: str | None
+
+
+class NotificationPage(Answer):
+    items: list[NotificationAnswer]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+
+
+class NotificationAcked(NotificationAnswer):
+    acknowledged_now: bool = Field(
+        description="false: it was acknowledged before (acknowledged_by/at are the first's)"
+    )
+
+
+class ProviderAnswer(Answer):
+    provider_id: str
+    kind: ProviderKind
+    model: str
+    base_url: str
+    key_env: str | None = Field(description="the environment variable's name (never the key)")
+    key_present: bool = Field(description="whether that variable is set on this server")
+    has_script: bool
+    connect_timeout_s: float
+    read_timeout_s: float
+    failure_threshold: int
+    base_cooldown_s: float
+    max_cooldown_s: float
+    enabled: bool
+    breaker: str
+    created_at: str
+    updated_at: str
+
+
+class ProviderList(Answer):
+    items: list[ProviderAnswer]
+
+
+class ThreadListItem(Answer):
+    id: str
+    title: str
+    provider_chain: list[str]
+    model: str
+    mode: str
+    tool_surface: list[str]
+    callback_url: str | None
+    created_at: str
+    open_segment: str | None = Field(description="the key of the thread's open segment")
+
+
+class ThreadPage(Answer):
+    items: list[ThreadListItem]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+
+
+class SegmentDetail(SegmentAnswer):
+    thread_id: str

@@ -66,6 +66,54 @@ THREAD_ID = _path_id("thread_id", "thread")
 RUN_ID = _path_id("run_id", "run")
 WRITE = (400, 401, 404, 405, 413, 415, 500)
 
+
+def _query(model: type[BaseModel]) -> tuple[dict[str, Any], ...]:
+    """A query model's fields as OpenAPI query parameters (``null`` means absent)."""
+    schema = model.model_json_schema(ref_template=REF)
+    required = set(schema.get("required", []))
+    parameters = []
+    for name, spec in schema["properties"].items():
+        spec = {k: v for k, v in spec.items() if k != "title"}
+        options = [o for o in spec.pop("anyOf", []) if o.get("type") != "null"]
+        if options:
+            spec = {**spec, **options[0]}
+        if spec.get("default", "") is None:
+            del spec["default"]
+        parameters.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": name in required,
+                "description": spec.pop("description", ""),
+                "schema": spec,
+            }
+        )
+    return tuple(parameters)
+
+
+NOTIFICATION_ID = {
+    "name": "notification_id",
+    "in": "path",
+    "required": True,
+    "description": "the notification's id",
+    "schema": {"type": "integer", "minimum": 1},
+}
+PROVIDER_ID = {
+    "name": "provider_id",
+    "in": "path",
+    "required": True,
+    "description": "the provider's id (a slug)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[-a-zA-Z0-9_]+$"},
+}
+SEGMENT_KEY = {
+    "name": "segment_key",
+    "in": "path",
+    "required": True,
+    "description": "the segment's key, `session#number`: send `#` as `%23`",
+    "schema": {"type": "string", "maxLength": 64, "pattern": "^[^#/]+#[1-9][0-9]*$"},
+}
+READ = (400, 401, 405, 500)
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "post", "/api/v1/threads", "Create a thread (its first session and segment, R1.2)",
@@ -132,6 +180,61 @@ OPERATIONS: tuple[Operation, ...] = (
         "Acknowledge the chunks the client has shown (R7.2, R7.3)",
         {200: ("what is committed, sent and observed now", s.AckAnswer)},
         body=s.AckBody, errors=WRITE, tags=("runs",), parameters=(RUN_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/threads", "Threads, newest first (cursor-paged)",
+        {200: ("one page of threads and the next cursor", s.ThreadPage)},
+        errors=READ, tags=("threads",), parameters=_query(s.ThreadQuery),
+    ),
+    Operation(
+        "get", "/api/v1/segments/{segment_key}",
+        "Any segment (open or closed) by key, with each provider's verdict (R8.1)",
+        {200: ("the segment", s.SegmentDetail)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(SEGMENT_KEY,),
+    ),
+    Operation(
+        "get", "/api/v1/notifications",
+        "Notifications (refusal and freeze alerts, R3.6, R8.2), newest first (cursor-paged)",
+        {200: ("one page of notifications and the next cursor", s.NotificationPage)},
+        errors=READ, tags=("notifications",), parameters=_query(s.NotificationQuery),
+    ),
+    Operation(
+        "post", "/api/v1/notifications/{notification_id}/ack",
+        "Acknowledge a notification (R8.2): once; again answers who was first",
+        {200: ("the notification, acknowledged", s.NotificationAcked)},
+        errors=(401, 403, 404, 405, 500), tags=("notifications",),
+        parameters=(NOTIFICATION_ID,),
+        description="Needs the `acknowledge_notification` permission, like the inbox's "
+        "button. No body.",
+    ),
+    Operation(
+        "get", "/api/v1/providers", "Providers: configuration and breaker state",
+        {200: ("every provider", s.ProviderList)}, errors=(401, 405, 500),
+        tags=("providers",),
+    ),
+    Operation(
+        "post", "/api/v1/providers", "Add a provider",
+        {201: ("the new provider", s.ProviderAnswer)},
+        body=s.ProviderCreate, errors=(400, 401, 403, 405, 409, 413, 415, 500),
+        tags=("providers",),
+        description="Needs the `change_provider` permission. The key is named by its "
+        "environment variable (`key_env`), never sent: a field such as `api_key` is "
+        "refused as unknown. openai and anthropic kinds need `base_url`; scripted needs "
+        "`script`.",
+    ),
+    Operation(
+        "get", "/api/v1/providers/{provider_id}", "A provider",
+        {200: ("the provider", s.ProviderAnswer)}, errors=(401, 404, 405, 500),
+        tags=("providers",), parameters=(PROVIDER_ID,),
+    ),
+    Operation(
+        "patch", "/api/v1/providers/{provider_id}",
+        "Change a provider: enable/disable, model, base URL, key variable, timeouts",
+        {200: ("the provider as changed", s.ProviderAnswer)},
+        body=s.ProviderUpdate, errors=(*WRITE, 403), tags=("providers",),
+        parameters=(PROVIDER_ID,),
+        description="Needs the `change_provider` permission. Only the fields sent change; "
+        "a disabled provider is skipped by routing.",
     ),
 )  # fmt: skip
 

@@ -18,7 +18,7 @@ from dashboard import (
 
 api_patterns = [
     path("api/v1/openapi.json", openapi.openapi_json, name="api-openapi"),
-    path("api/v1/threads", api.create_thread, name="api-threads"),
+    path("api/v1/threads", api.threads, name="api-threads"),
     path("api/v1/threads/<str:thread_id>", api.thread_detail, name="api-thread"),
     path("api/v1/threads/<str:thread_id>/segment", api.thread_segment, name="api-segment"),
     path("api/v1/threads/<str:thread_id>/runs", api.submit_run, name="api-runs"),
@@ -27,6 +27,15 @@ api_patterns = [
     path("api/v1/runs/<str:run_id>/cancel", api.cancel_run, name="api-run-cancel"),
     path("api/v1/runs/<str:run_id>/events", stream_views.run_events, name="api-run-events"),
     path("api/v1/runs/<str:run_id>/acks", stream_views.run_acks, name="api-run-acks"),
+    path("api/v1/notifications", api.notifications, name="api-notifications"),
+    path(
+        "api/v1/notifications/<str:notification_id>/ack",
+        api.acknowledge_notification,
+        name="api-notification-ack",
+    ),
+    path("api/v1/providers", api.providers, name="api-providers"),
+    path("api/v1/providers/<str:provider_id>", api.provider, name="api-provider"),
+    path("api/v1/segments/<str:segment_key>", api.segment_detail, name="api-segment-detail"),
 ]
 
 urlpatterns = [

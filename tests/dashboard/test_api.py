@@ -325,8 +325,8 @@ def test_auth_other_users_tokens_do_not_interfere(client, api, django_user_model
 @pytest.mark.parametrize(
     ("method", "template", "allow"),
     [
-        ("get", "/api/v1/threads", "POST"),
-        ("delete", "/api/v1/threads", "POST"),
+        ("put", "/api/v1/threads", "GET, POST"),  # GET lists, POST creates
+        ("delete", "/api/v1/threads", "GET, POST"),
         ("post", "/api/v1/threads/{thread}", "GET"),
         ("put", "/api/v1/threads/{thread}/segment", "GET"),
         ("get", "/api/v1/threads/{thread}/runs", "POST"),

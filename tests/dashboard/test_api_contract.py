@@ -54,7 +54,15 @@ def bearer(django_user_model):
 
     user = django_user_model.objects.create_user("contract", password="unused-password-1")
     user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+        *Permission.objects.filter(
+            codename__in=[
+                "apply_boundary",
+                "submit_run",
+                "cancel_run",
+                "acknowledge_notification",
+                "change_provider",
+            ]
+        )
     )
     token = "contract-token-" + "x" * 20
     ApiToken.objects.create(user=user, name="contract", key_digest=token_digest(token))

@@ -17,6 +17,7 @@ import re
 import socket
 import threading
 import time
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -40,10 +41,11 @@ LIMIT = 2_621_440  # Django's default DATA_UPLOAD_MAX_MEMORY_SIZE, 2.5 MiB
 BIG = 12 * 1024 * 1024
 REF = re.compile(r"^internal error; it has been logged \(ref ([0-9a-f]{8})\)$")
 
-# Every API address, the one method it answers, whether it reads a JSON body and
-# whether it needs a token. ``api-openapi`` (the public description) is optional here.
+# Every API address, the methods it answers (its Allow header), whether it reads a
+# JSON body (with its method other than GET) and whether it needs a token.
+# ``api-openapi`` (the public description) is optional here.
 ENDPOINTS = {
-    "api-threads": ("POST", True, True),
+    "api-threads": ("GET, POST", True, True),
     "api-thread": ("GET", False, True),
     "api-segment": ("GET", False, True),
     "api-runs": ("POST", True, True),
@@ -52,10 +54,24 @@ ENDPOINTS = {
     "api-run-cancel": ("POST", False, True),
     "api-run-events": ("GET", False, True),
     "api-run-acks": ("POST", True, True),
+    "api-notifications": ("GET", False, True),
+    "api-notification-ack": ("POST", False, True),
+    "api-providers": ("GET, POST", True, True),
+    "api-provider": ("GET, PATCH", True, True),
+    "api-segment-detail": ("GET", False, True),
     "api-openapi": ("GET", False, False),
 }
 OPTIONAL = {"api-openapi"}
 OTHER_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def methods_of(allowed: str) -> list[str]:
+    return allowed.split(", ")
+
+
+def body_method(allowed: str) -> str:
+    """The method of an address that reads the body (not GET)."""
+    return next(method for method in methods_of(allowed) if method != "GET")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -91,7 +107,9 @@ def user(django_user_model):
 
     the_user = django_user_model.objects.create_user("errors-operator")
     the_user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+        *Permission.objects.filter(
+            codename__in=["apply_boundary", "submit_run", "cancel_run", "change_provider"]
+        )
     )
     ApiToken.objects.create(user=the_user, name="t", key_digest=token_digest(TOKEN))
     return the_user
@@ -111,7 +129,13 @@ def run(thread):
 
 def api_urls(thread, run) -> dict[str, str]:
     """name → concrete path, for every pattern of dashboard/urls.py under api/."""
-    values = {"thread_id": str(thread.id), "run_id": str(run.id)}
+    values = {
+        "thread_id": str(thread.id),
+        "run_id": str(run.id),
+        "notification_id": "1",
+        "provider_id": "p",
+        "segment_key": quote(services.open_segment(thread).key, safe=""),
+    }
     paths = {}
     for pattern in api_patterns:
         route = str(pattern.pattern)
@@ -309,18 +333,23 @@ def test_a_content_length_that_is_not_a_number_is_400_json(client, user, thread,
 # --------------------------------------------------------------------------- 413
 
 
-def body_paths(thread, run) -> list[str]:
+def body_paths(thread, run) -> list[tuple[str, str]]:
+    """(method, path) of every address that reads a body."""
     urls = api_urls(thread, run)
-    return [urls[name] for name, (_method, reads_body, _token) in ENDPOINTS.items() if reads_body]
+    return [
+        (body_method(allowed), urls[name])
+        for name, (allowed, reads_body, _token) in ENDPOINTS.items()
+        if reads_body
+    ]
 
 
 def test_a_body_over_the_limit_is_413_json_naming_it(client, user, thread, run, any_debug):
     before = (Thread.objects.count(), Run.objects.count())
     data = big_json()
-    for path in body_paths(thread, run):
+    for method, path in body_paths(thread, run):
         started = time.monotonic()
         response = client.generic(
-            "POST", path, data=data, content_type="application/json", headers=AUTH
+            method, path, data=data, content_type="application/json", headers=AUTH
         )
         message = assert_json_error(response, 413)
         assert "2,621,440 bytes" in message, path
@@ -328,7 +357,7 @@ def test_a_body_over_the_limit_is_413_json_naming_it(client, user, thread, run, 
         assert response["X-Content-Type-Options"] == "nosniff"
         assert time.monotonic() - started < 2, path
         # Without a token too: the size is refused before anything else.
-        anonymous = client.generic("POST", path, data=data, content_type="application/json")
+        anonymous = client.generic(method, path, data=data, content_type="application/json")
         assert_json_error(anonymous, 413)
     assert (Thread.objects.count(), Run.objects.count()) == before
 
@@ -351,9 +380,9 @@ def test_a_body_found_too_big_when_the_view_reads_it_is_413_json(
 ):
     """The view's own read (a chunked body, whose size is not declared up front)."""
     monkeypatch.setattr(errors.ApiErrorMiddleware, "_refuse_early", lambda self, request: None)
-    for path in body_paths(thread, run):
+    for method, path in body_paths(thread, run):
         response = client.generic(
-            "POST", path, data=big_json(), content_type="application/json", headers=AUTH
+            method, path, data=big_json(), content_type="application/json", headers=AUTH
         )
         assert "2,621,440 bytes" in assert_json_error(response, 413), path
 
@@ -364,8 +393,10 @@ def test_a_body_over_the_limit_is_413_json_under_asgi(user, thread, run):
     async def post_all():
         client = AsyncClient()
         return [
-            await client.post(path, data=big_json(), content_type="application/json", headers=AUTH)
-            for path in paths
+            await client.generic(
+                method, path, data=big_json(), content_type="application/json", headers=AUTH
+            )
+            for method, path in paths
         ]
 
     for response in async_to_sync(post_all)():
@@ -379,7 +410,7 @@ def test_every_api_address_answers_other_methods_405_json_with_allow(client, use
     for name, path in api_urls(thread, run).items():
         allowed, _reads_body, _token = ENDPOINTS[name]
         for method in OTHER_METHODS:
-            if method == allowed:
+            if method in methods_of(allowed):
                 continue
             for headers in ({}, AUTH):
                 response = client.generic(method, path, headers=headers)
@@ -392,9 +423,10 @@ def test_every_api_address_answers_401_json_without_a_token(client, user, thread
         allowed, _reads_body, needs_token = ENDPOINTS[name]
         if not needs_token:
             continue
-        response = client.generic(allowed, path, data=b"{}", content_type="application/json")
-        assert_json_error(response, 401, "Authorization")
-        assert response["WWW-Authenticate"].startswith("Bearer"), name
+        for method in methods_of(allowed):
+            response = client.generic(method, path, data=b"{}", content_type="application/json")
+            assert_json_error(response, 401, "Authorization")
+            assert response["WWW-Authenticate"].startswith("Bearer"), (name, method)
 
 
 @pytest.mark.parametrize(
@@ -409,7 +441,11 @@ def test_every_body_address_answers_415_json_for_other_content(
         if not reads_body:
             continue
         response = client.generic(
-            allowed, path, data=b'{"through": 1}', content_type=content_type, headers=AUTH
+            body_method(allowed),
+            path,
+            data=b'{"through": 1}',
+            content_type=content_type,
+            headers=AUTH,
         )
         assert_json_error(response, 415)
 

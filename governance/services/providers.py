@@ -1,0 +1,210 @@
+"""Providers: adding one, changing its configuration, enabling and disabling it.
+
+The API (``POST``/``PATCH /api/v1/providers``) and ``manage.py provider`` both
+come here. A provider names the *environment variable* that holds its key
+(``api_key_env``), never the key: nothing here reads, stores or returns a key.
+Each change is audited with the fields it changed.
+
+A scripted provider's script is checked by its adapter's validator in the
+caller (``tasks/`` is above this layer); here it only has to be an object.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.db import IntegrityError, transaction
+
+from governance.models import Provider
+from governance.services.audit import audit
+from governance.services.errors import ServiceError
+
+PROVIDER_ID = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+# The environment variable names settings.GOVERNANCE_NAMED_SECRET accepts.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_MAX = 100
+MODEL_MAX = 200
+BASE_URL_MAX = 200
+HTTP_KINDS = (Provider.Kind.OPENAI, Provider.Kind.ANTHROPIC)
+
+# Ranges of the numeric settings: (low, high), inclusive.
+RANGES: dict[str, tuple[float, float]] = {
+    "connect_timeout_s": (0.1, 300.0),
+    "read_timeout_s": (1.0, 3600.0),
+    "failure_threshold": (1, 100),
+    "base_cooldown_s": (1.0, 86_400.0),
+    "max_cooldown_s": (1.0, 604_800.0),
+}
+# What PATCH (and ``provider disable``) may change; kind and provider_id stay.
+EDITABLE = (
+    "model",
+    "base_url",
+    "api_key_env",
+    "script",
+    "connect_timeout_s",
+    "read_timeout_s",
+    "failure_threshold",
+    "base_cooldown_s",
+    "max_cooldown_s",
+    "enabled",
+)
+DEFAULTS: dict[str, Any] = {
+    "base_url": "",
+    "api_key_env": "",
+    "script": None,
+    "connect_timeout_s": 10.0,
+    "read_timeout_s": 120.0,
+    "failure_threshold": 3,
+    "base_cooldown_s": 30.0,
+    "max_cooldown_s": 600.0,
+    "enabled": True,
+}
+
+
+class ProviderExists(ServiceError):
+    """The provider id is taken (the API answers 409)."""
+
+
+def _check(values: dict[str, Any]) -> None:
+    """The whole configuration, as it would be stored; raises ServiceError naming a field."""
+    kind = values["kind"]
+    if kind not in Provider.Kind.values:
+        raise ServiceError("kind", f"must be one of {', '.join(Provider.Kind.values)}")
+    model = values["model"]
+    if not isinstance(model, str) or not model.strip() or len(model) > MODEL_MAX:
+        raise ServiceError("model", f"name the model (1 to {MODEL_MAX} characters)")
+    base_url = values["base_url"] or ""
+    if kind in HTTP_KINDS:
+        if not base_url:
+            raise ServiceError("base_url", f"a {kind} provider needs the server's base URL")
+        if len(base_url) > BASE_URL_MAX:
+            raise ServiceError("base_url", f"at most {BASE_URL_MAX} characters")
+        parts = urlsplit(base_url)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() for c in base_url)
+        ):
+            raise ServiceError("base_url", "must be an http:// or https:// URL with a host")
+    elif base_url:
+        raise ServiceError("base_url", f"a {kind} provider has no base URL")
+    key_env = values["api_key_env"] or ""
+    if key_env and (len(key_env) > ENV_NAME_MAX or not ENV_NAME.fullmatch(key_env)):
+        raise ServiceError(
+            "api_key_env",
+            "the NAME of an environment variable (letters, digits, _), never the key itself",
+        )
+    if kind == Provider.Kind.SCRIPTED:
+        if not isinstance(values["script"], dict):
+            raise ServiceError("script", "a scripted provider needs its script (an object)")
+        if key_env:
+            raise ServiceError("api_key_env", "a scripted provider has no key")
+    elif values["script"] is not None:
+        raise ServiceError("script", f"only a scripted provider has a script, not {kind}")
+    for name, (low, high) in RANGES.items():
+        value = values[name]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (low <= value <= high)
+        ):
+            raise ServiceError(name, f"must be a number from {low:g} to {high:g}")
+    if values["failure_threshold"] != int(values["failure_threshold"]):
+        raise ServiceError("failure_threshold", "must be a whole number")
+    if values["max_cooldown_s"] < values["base_cooldown_s"]:
+        raise ServiceError("max_cooldown_s", "must not be below base_cooldown_s")
+    if not isinstance(values["enabled"], bool):
+        raise ServiceError("enabled", "must be true or false")
+
+
+def _values(provider: Provider) -> dict[str, Any]:
+    return {name: getattr(provider, name) for name in ("kind", *EDITABLE)}
+
+
+def _described(values: dict[str, Any]) -> dict[str, Any]:
+    """What the audit entry keeps of a change (the script only as 'set')."""
+    return {
+        name: ("(script)" if name == "script" and value is not None else value)
+        for name, value in values.items()
+    }
+
+
+def create_provider(
+    *, provider_id: str, kind: str, model: str, by: str, now: datetime, **settings: Any
+) -> Provider:
+    """A new provider; ``settings`` are the ``EDITABLE`` fields (the rest default)."""
+    unknown = sorted(set(settings) - set(EDITABLE))
+    if unknown:
+        raise ServiceError(unknown[0], "is not a provider setting")
+    if not isinstance(provider_id, str) or not PROVIDER_ID.fullmatch(provider_id):
+        raise ServiceError("provider_id", "1 to 64 letters, digits, '-' or '_'")
+    values = {**DEFAULTS, **settings, "kind": kind, "model": model}
+    _check(values)
+    values["failure_threshold"] = int(values["failure_threshold"])
+    try:
+        with transaction.atomic():
+            provider = Provider.objects.create(provider_id=provider_id, **values)
+            audit(
+                actor=by,
+                action="provider.create",
+                target_type="provider",
+                target_id=provider_id,
+                reason="",
+                detail=_described(values),
+                now=now,
+            )
+    except IntegrityError:
+        raise ProviderExists("provider_id", f"a provider {provider_id!r} exists already") from None
+    return provider
+
+
+def update_provider(
+    provider_id: str, *, by: str, now: datetime, reason: str = "", **changes: Any
+) -> tuple[Provider, list[str]]:
+    """Change the ``EDITABLE`` fields given; returns the provider and the names
+    of the fields that changed (none: nothing is written). Raises
+    ``Provider.DoesNotExist`` for an unknown id."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise ServiceError(unknown[0], "is not a setting that can be changed")
+    with transaction.atomic():
+        provider = Provider.objects.select_for_update().get(provider_id=provider_id)
+        before = _values(provider)
+        after = {**before, **changes}
+        if set(changes) - {"enabled"}:
+            _check(after)
+        elif not isinstance(after["enabled"], bool):
+            # Enabling or disabling alone never fails on an older row's other settings.
+            raise ServiceError("enabled", "must be true or false")
+        after["failure_threshold"] = int(after["failure_threshold"])
+        changed = [name for name in EDITABLE if after[name] != before[name]]
+        if not changed:
+            return provider, []
+        for name in changed:
+            setattr(provider, name, after[name])
+        provider.save(update_fields=[*changed, "updated_at"])
+        audit(
+            actor=by,
+            action="provider.update",
+            target_type="provider",
+            target_id=provider_id,
+            reason=reason,
+            detail={
+                "before": _described({n: before[n] for n in changed}),
+                "after": _described({n: after[n] for n in changed}),
+            },
+            now=now,
+        )
+    return provider, changed
+
+
+def set_provider_enabled(
+    provider_id: str, enabled: bool, *, by: str, now: datetime, reason: str = ""
+) -> tuple[Provider, bool]:
+    """Enable or disable; returns (provider, changed). A disabled provider is
+    skipped by routing ("disabled by an administrator")."""
+    provider, changed = update_provider(provider_id, by=by, now=now, reason=reason, enabled=enabled)
+    return provider, bool(changed)
