@@ -1327,6 +1327,12 @@ HOSTILE = [
     ("lone-surrogate", '{"input": "a\\ud800b"}', None),
     ("unknown-field", '{"input": "x", "priority": 9}', "priority"),
     ("budget-1e40", '{"input": "x", "budget": {"model_requests": 1e40}}', "budget"),
+    # A JSON integer of 41 digits was a Python int and was accepted silently.
+    (
+        "budget-10**40",
+        '{"input": "x", "budget": {"model_requests": ' + str(10**40) + "}}",
+        "budget",
+    ),
     ("budget-unknown", '{"input": "x", "budget": {"gpu_hours": 1}}', "budget"),
     ("nested", '{"input": ' + "[" * 5000 + "]" * 5000 + "}", None),
     ("key-nul", '{"input": "x", "idempotency_key": "k\\u0000"}', "idempotency_key"),
