@@ -342,6 +342,16 @@ def api_reference(request: HttpRequest) -> HttpResponse:
                     "summary": described["summary"],
                     "description": described.get("description", ""),
                     "body": _fields(schemas.get(body_name, {}), schemas) if body_name else [],
+                    "query": [
+                        {
+                            "name": p["name"],
+                            "required": "required" if p.get("required") else "optional",
+                            "rule": _words(p.get("schema", {}), schemas),
+                            "description": p.get("description", ""),
+                        }
+                        for p in described.get("parameters", [])
+                        if p.get("in") == "query"
+                    ],
                     "answers": [
                         (status, answer["description"])
                         for status, answer in described["responses"].items()

@@ -18,6 +18,9 @@ def test_an_operator_finds_the_submit_body_and_its_ranges_from_the_menu(page_for
     assert "model_requests: integer, ≥ 0, ≤ 1,000,000" in text  # the budget, spelled out
     assert "unknown fields are refused" in text
     assert "415" in text and "413" in text
+    notifications = page.locator("section.endpoint", has_text="GET /api/v1/notifications").first
+    assert "Query parameters" in notifications.inner_text()
+    assert "cursor" in notifications.inner_text() and "severity" in notifications.inner_text()
     link = page.get_by_role("link", name="/api/v1/openapi.json")
     assert link.get_attribute("href") == "/api/v1/openapi.json"
     shots(page, "api-reference")
