@@ -711,3 +711,48 @@ def test_uvicorn_answers_json_errors_with_debug_1(
 ):
     monkeypatch.setattr(services, "open_segment", _leaky_boom)
     _live_checks(uvicorn_server, str(thread.id), str(run.id), chunked=True)
+
+
+@pytest.fixture
+def asgi_entry_server():
+    """dashboard.asgi.application (what `manage.py up` serves) under a real uvicorn."""
+    import asyncio
+
+    import uvicorn
+
+    from dashboard.asgi import application
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        application, host="127.0.0.1", port=port, lifespan="off", log_level="error"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield port
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_a_declared_oversize_body_is_refused_before_it_is_sent(asgi_entry_server):
+    """Only the headers go out: the 413 JSON comes back without the 50 MB being read."""
+    with socket.create_connection(("127.0.0.1", asgi_entry_server), timeout=5) as conn:
+        conn.sendall(
+            b"POST /api/v1/threads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 52428800\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert json.loads(body)["error"]["message"].startswith("the request body is larger than")
