@@ -42,6 +42,7 @@ from django.core.exceptions import (
     SuspiciousOperation,
 )
 from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.views import defaults
@@ -149,6 +150,17 @@ def exception_response(request: HttpRequest, exc: Exception) -> JsonResponse:
             "%s on %s %s", exc, request.method, request.path
         )
         return error_response(400, None, STATUS_MESSAGES[400])
+    if isinstance(exc, OperationalError | InterfaceError):
+        # The database went away under the request (a restart, a failover): its
+        # transaction rolled back, so the same request may simply be sent again.
+        logging.getLogger(__name__).warning(
+            "database unavailable on %s %s: %s", request.method, request.path, exc
+        )
+        response = error_response(
+            503, None, "the database is unavailable for a moment; nothing was written, retry"
+        )
+        response["Retry-After"] = "1"
+        return response
     _record_on_span(exc)
     return internal_error(request, (type(exc), exc, exc.__traceback__))
 

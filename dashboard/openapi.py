@@ -35,6 +35,7 @@ ERRORS = {
     413: f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes",
     415: "the body is not Content-Type: application/json",
     500: "an internal error (logged with the reference it names)",
+    503: "the database is unavailable for a moment: nothing was written; retry (Retry-After)",
 }
 
 
@@ -258,7 +259,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         str(status): {"description": words, "content": _content(model, op.media_type)}
         for status, (words, model) in op.answers.items()
     }
-    for status in op.errors:
+    for status in (*op.errors, 503) if 500 in op.errors else op.errors:
         responses[str(status)] = {
             "description": ERRORS[status],
             "content": _content(s.ErrorAnswer, "application/json"),

@@ -756,3 +756,22 @@ def test_a_declared_oversize_body_is_refused_before_it_is_sent(asgi_entry_server
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413")
     assert json.loads(body)["error"]["message"].startswith("the request body is larger than")
+
+
+def test_a_database_that_goes_away_under_a_request_is_503_retry_not_500(
+    client, user, thread, monkeypatch
+):
+    """Seen by bench/faults_probe.py during `pg_ctl restart`: the request's first
+    query met AdminShutdown. Nothing was written; the client may send it again."""
+    from django.db import OperationalError
+
+    def cut(*_args, **_kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(services, "open_segment", cut)
+    response = client.get(
+        f"/api/v1/threads/{thread.id}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response.json()["error"]["message"].startswith("the database is unavailable")
