@@ -36,7 +36,9 @@ async def application(scope, receive, send):
 
 
 def _declared_length(scope) -> int:
+    from dashboard.errors import declared_length
+
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
-            return int(value) if value.isdigit() and len(value) < 19 else 0
+            return declared_length(value.decode("latin-1")) or 0  # not a number: Django's 400
     return 0

@@ -170,11 +170,16 @@ def _readable(exc: Exception) -> str:
     return text.strip()[:500]
 
 
-def _declared_length(request: HttpRequest) -> int | None:
-    raw = request.META.get("CONTENT_LENGTH") or "0"
+def declared_length(raw: str) -> int | None:
+    """A Content-Length header's value, or None when it is not a plain number."""
+    raw = raw or "0"
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         return None
     return int(raw)
+
+
+def _declared_length(request: HttpRequest) -> int | None:
+    return declared_length(request.META.get("CONTENT_LENGTH", ""))
 
 
 class ApiErrorMiddleware:

@@ -1,11 +1,14 @@
 """Who may do what — over the API exactly as in the dashboard (R8).
 
-One name per action. A user holds permissions through its role (Django
-groups, ``governance/roles.py``); an API token may narrow them further with
-its scopes (an empty scope list means "what its user may do").
+One name per action; the actions and their words are
+``governance.roles.ACTIONS``. A user holds permissions through its role
+(Django groups, ``governance/roles.py``); an API token may narrow them
+further with its scopes (an empty scope list means "what its user may do").
 """
 
 from __future__ import annotations
+
+from governance.roles import ACTIONS
 
 SUBMIT_RUN = "governance.submit_run"
 CANCEL_RUN = "governance.cancel_run"
@@ -13,15 +16,6 @@ APPLY_BOUNDARY = "governance.apply_boundary"
 ACKNOWLEDGE = "governance.acknowledge_notification"
 VIEW_REPORT = "governance.view_delivery_report"
 MANAGE_PROVIDERS = "governance.change_provider"
-
-WORDS = {
-    SUBMIT_RUN: "submitting runs",
-    CANCEL_RUN: "stopping runs",
-    APPLY_BOUNDARY: "forcing a boundary",
-    ACKNOWLEDGE: "acknowledging alerts",
-    VIEW_REPORT: "the delivery report",
-    MANAGE_PROVIDERS: "adding or changing providers",
-}
 
 
 def allowed(user, permission: str, scopes=()) -> bool:
@@ -33,7 +27,7 @@ def allowed(user, permission: str, scopes=()) -> bool:
 
 def refusal(permission: str) -> str:
     codename = permission.split(".", 1)[1]
-    return f"{WORDS[permission]} needs the '{codename}' permission"
+    return f"this needs the '{codename}' permission (to {ACTIONS[codename]})"
 
 
 def may_stop(user, run, scopes=()) -> bool:

@@ -11,18 +11,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from governance import time_source
 from governance.models import ApiToken
+from governance.roles import ACTIONS
 from governance.services.errors import ServiceError
 from governance.services.tokens import TOKEN_SCOPES, create_token, revoke_token
 
 NEW_TOKEN_KEY = "new_api_token"
-SCOPE_WORDS = {
-    "submit_run": "submit runs",
-    "cancel_run": "stop runs",
-    "apply_boundary": "force boundaries",
-    "acknowledge_notification": "acknowledge alerts",
-    "view_delivery_report": "read the delivery report",
-    "change_provider": "add or change providers",
-}
 
 
 class TokenForm(forms.Form):
@@ -37,7 +30,7 @@ class TokenForm(forms.Form):
         super().__init__(*args, **kwargs)
         # Only what the role allows can be a scope (a scope narrows, never widens).
         self.fields["scopes"].choices = [
-            (s, SCOPE_WORDS[s]) for s in TOKEN_SCOPES if user.has_perm(f"governance.{s}")
+            (s, ACTIONS[s]) for s in TOKEN_SCOPES if user.has_perm(f"governance.{s}")
         ]
 
 
@@ -66,7 +59,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "tokens.html",
-        {"form": form, "secret": secret, "rows": _visible(request)[:200], "words": SCOPE_WORDS},
+        {"form": form, "secret": secret, "rows": _visible(request)[:200]},
         status=400 if form.errors else 200,
     )
 

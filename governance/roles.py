@@ -6,6 +6,17 @@ was flushed (transactional tests) or set up without migrations.
 
 from __future__ import annotations
 
+# The actions a role grants (and a token's scopes may narrow), by permission
+# codename, with what each lets a user do. dashboard/permissions.py names them.
+ACTIONS: dict[str, str] = {
+    "submit_run": "submit runs",
+    "cancel_run": "stop runs",
+    "apply_boundary": "force boundaries",
+    "acknowledge_notification": "acknowledge alerts",
+    "view_delivery_report": "read the delivery report",
+    "change_provider": "add or change providers",
+}
+
 ROLES: dict[str, tuple[str, ...]] = {
     # Acknowledges critical freeze alerts; may stop a run that is doing harm.
     "on-call": ("acknowledge_notification", "cancel_run"),

@@ -552,17 +552,14 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
     """What the clock watchdog looks at, read in one transaction."""
     watched = []
     with transaction.atomic():
-        runs = list(
-            Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment", "thread")
-        )
+        runs = list(Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment"))
+        thread_of = {run.id: run.thread_id for run in runs}
         open_stages: dict[Any, list[Stage]] = {}
         busy_threads = set()
-        for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True).select_related(
-            "run"
-        ):
+        for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
             open_stages.setdefault(stage.run_id, []).append(stage)
             if stage.kind in MODEL_STAGES and stage.lease_until and stage.lease_until > now:
-                busy_threads.add(stage.run.thread_id)
+                busy_threads.add(thread_of[stage.run_id])
         for run in runs:
             facts = [
                 (

@@ -14,18 +14,12 @@ from datetime import datetime
 from django.db import transaction
 
 from governance.models import ApiToken
+from governance.roles import ACTIONS
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
 
 # The permissions a token can be limited to (codenames of the governance app).
-TOKEN_SCOPES = (
-    "submit_run",
-    "cancel_run",
-    "apply_boundary",
-    "acknowledge_notification",
-    "view_delivery_report",
-    "change_provider",
-)
+TOKEN_SCOPES = tuple(ACTIONS)
 
 
 def token_digest(token: str) -> str:

@@ -115,3 +115,16 @@ def test_a_bad_token_name_is_a_form_error_and_makes_nothing(client, operator):
     page = client.post("/tokens/", {"name": ""})
     assert page.status_code == 400 and "This field is required" in page.content.decode()
     assert not ApiToken.objects.exists()
+
+
+def test_the_permission_names_are_the_actions_roles_grant():
+    from dashboard import permissions
+    from governance.roles import ACTIONS, ROLES
+
+    named = {
+        value.split(".", 1)[1]
+        for name, value in vars(permissions).items()
+        if name.isupper() and isinstance(value, str)
+    }
+    assert named == set(ACTIONS)
+    assert {c for codes in ROLES.values() for c in codes} <= set(ACTIONS)
