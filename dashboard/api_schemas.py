@@ -30,6 +30,7 @@ from pydantic import (
 
 from governance.rules.segments import BoundaryKind
 from governance.services import providers as provider_rules
+from governance.services import tool_servers as tool_rules
 from governance.services.runs import BUDGET_MAX, DURATION_MAX, DURATION_MIN
 from governance.services.threads import TOOL_NAMES
 
@@ -56,7 +57,18 @@ def text(max_length: int, *, min_length: int = 0, strip: bool = False):
 ProviderId = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
 ]
-ToolName = Literal[tuple(TOOL_NAMES)]  # type: ignore[valid-type]
+# A built-in, an HTTP tool "name", an MCP server's "name.*" or "name.tool"; the
+# registry decides which exist (governance/services/tool_servers.py).
+ToolName = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=tool_rules.TOOL_NAME_MAX,
+        pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,39}(\.[^\s\x00]{1,128})?$",
+    ),
+    Field(description=f"a built-in ({', '.join(TOOL_NAMES)}), a registry tool, or 'server.*'"),
+]
+ToolSurface = Annotated[list[ToolName], Field(max_length=tool_rules.SURFACE_MAX)]
 Seconds = Annotated[
     float,
     Field(
@@ -84,7 +96,7 @@ class ThreadCreate(Body):
     title: text(200) = ""
     model: text(200) = Field("", description="default: the first provider's model")
     mode: text(50) = "default"
-    tool_surface: Annotated[list[ToolName], Field(max_length=len(TOOL_NAMES))] = []
+    tool_surface: ToolSurface = []
     system_prompt: text(20_000) = ""
     callback_url: CallbackUrl = ""
 
@@ -119,7 +131,7 @@ class BoundaryApply(Body):
     )
     model: text(200) | None = None
     mode: text(50) | None = None
-    tool_surface: Annotated[list[ToolName], Field(max_length=len(TOOL_NAMES))] | None = None
+    tool_surface: ToolSurface | None = None
     system_prompt: text(20_000) | None = None
 
 
@@ -449,3 +461,102 @@ class ThreadPage(Answer):
 
 class SegmentDetail(SegmentAnswer):
     thread_id: str
+
+
+# --------------------------------------------------------------------------- tool registry
+
+ToolServerName = Annotated[
+    str, StringConstraints(min_length=1, max_length=40, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
+]
+ToolKind = Literal["mcp", "http"]
+ToolEffect = Literal["read_only", "external_effect"]
+ToolUrl = Annotated[
+    str,
+    StringConstraints(max_length=tool_rules.URL_MAX, pattern=r"^(https?://[^\s/?#]+\S*)?$"),
+    AfterValidator(_plain_text),
+]
+TokenEnv = Annotated[
+    str,
+    StringConstraints(max_length=tool_rules.ENV_NAME_MAX, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$"),
+    Field(description="the NAME of the environment variable holding the bearer token; '' none"),
+]
+JsonSchema = Annotated[
+    dict[str, Any],
+    AfterValidator(_plain_json),
+    Field(description="http kind: the JSON Schema of the arguments (an object schema)"),
+]
+EffectOverrides = Annotated[
+    dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], ToolEffect],
+    Field(description="mcp kind: tool name -> effect class, over the server's annotations"),
+]
+
+
+class ToolCreate(Body):
+    name: ToolServerName = Field(description="its tools are 'name.tool' (mcp) or 'name' (http)")
+    kind: ToolKind
+    url: ToolUrl = Field(description="mcp: the Streamable HTTP endpoint; http: the tool's URL")
+    token_env: TokenEnv = ""
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] | None = None
+    description: text(tool_rules.DESCRIPTION_MAX) = ""
+    parameters: JsonSchema | None = None
+    effect: ToolEffect | None = Field(None, description="http kind: the effect class")
+    verify_url: ToolUrl = Field(
+        "", description="http external_effect: GET ?idempotency_key= answers processed/unseen"
+    )
+    timeout_s: Annotated[float, Field(ge=0.1, le=600.0)] = 30.0
+    enabled: bool = True
+    effect_overrides: EffectOverrides = {}
+
+
+class ToolUpdate(Body):
+    """Only the fields sent change (null: unchanged); name, kind and url stay."""
+
+    enabled: bool | None = None
+    effect_overrides: EffectOverrides | None = None
+    description: text(tool_rules.DESCRIPTION_MAX) | None = None
+    timeout_s: Annotated[float, Field(ge=0.1, le=600.0)] | None = None
+    token_env: TokenEnv | None = None
+    verify_url: ToolUrl | None = None
+    refresh: bool = Field(False, description="mcp: list the server's tools again now")
+    reason: text(2_000) = Field("", description="kept in the audit log with the change")
+
+
+class ToolListed(Answer):
+    name: str = Field(description="as a tool surface names it: 'server.tool' or 'server'")
+    tool: str = Field(description="the server's own name for it")
+    description: str
+    parameters: dict[str, Any]
+    annotations: dict[str, Any]
+    effect: ToolEffect = Field(description="the effect class the runtime governs it by")
+    wire_name: str = Field(description="the name a provider sees (OpenAI/Anthropic rules)")
+
+
+class ToolAnswer(Answer):
+    name: str
+    kind: ToolKind
+    url: str
+    token_env: str | None
+    token_present: bool
+    method: str | None
+    effect: ToolEffect | None
+    verify_url: str | None
+    timeout_s: float
+    enabled: bool
+    effect_overrides: dict[str, ToolEffect]
+    schema_version: int
+    listed_at: str | None
+    list_error: str | None
+    tool_count: int
+    created_at: str
+    updated_at: str
+
+
+class ToolDetail(ToolAnswer):
+    tools: list[ToolListed] = Field(description="what the server exposes (its cached listing)")
+    boundaries: list[str] = Field(
+        [], description="segments a schema change opened (tool-surface boundaries, R1.3)"
+    )
+
+
+class ToolList(Answer):
+    items: list[ToolAnswer]

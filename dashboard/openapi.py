@@ -106,6 +106,13 @@ PROVIDER_ID = {
     "description": "the provider's id (a slug)",
     "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[-a-zA-Z0-9_]+$"},
 }
+TOOL_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "the registry entry's name (a slug)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 40, "pattern": "^[-a-zA-Z0-9_]+$"},
+}
 SEGMENT_KEY = {
     "name": "segment_key",
     "in": "path",
@@ -236,6 +243,34 @@ OPERATIONS: tuple[Operation, ...] = (
         parameters=(PROVIDER_ID,),
         description="Needs the `change_provider` permission. Only the fields sent change; "
         "a disabled provider is skipped by routing.",
+    ),
+    Operation(
+        "get", "/api/v1/tools", "The tool registry: MCP servers and HTTP tools",
+        {200: ("every registry entry", s.ToolList)}, errors=(401, 405, 500), tags=("tools",),
+    ),
+    Operation(
+        "post", "/api/v1/tools", "Register an MCP server or an HTTP tool",
+        {201: ("the entry, with the tools it exposes", s.ToolDetail)},
+        body=s.ToolCreate, errors=(400, 401, 403, 405, 409, 413, 415, 500), tags=("tools",),
+        description="Needs the `change_toolserver` permission. An mcp server is listed at "
+        "once (`tools/list` over Streamable HTTP); its tools are `name.tool`, and a thread's "
+        "`tool_surface` may name them or `name.*`. An http tool needs `method`, "
+        "`description`, `parameters` (JSON Schema) and `effect`. A bearer token is named by "
+        "its environment variable (`token_env`), never sent.",
+    ),
+    Operation(
+        "get", "/api/v1/tools/{name}", "A registry entry and the tools it exposes",
+        {200: ("the entry and its cached listing", s.ToolDetail)},
+        errors=(401, 404, 405, 500), tags=("tools",), parameters=(TOOL_NAME,),
+    ),
+    Operation(
+        "patch", "/api/v1/tools/{name}",
+        "Change a registry entry: enable/disable, effect overrides, list again",
+        {200: ("the entry as changed", s.ToolDetail)},
+        body=s.ToolUpdate, errors=(*WRITE, 403), tags=("tools",), parameters=(TOOL_NAME,),
+        description="Needs the `change_toolserver` permission. A change of the schemas a "
+        "thread sees (a new listing, enabling or disabling) is a tool-surface boundary for "
+        "that thread (R1.3); `boundaries` names the segments it opened.",
     ),
 )  # fmt: skip
 

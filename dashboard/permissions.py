@@ -16,6 +16,7 @@ APPLY_BOUNDARY = "governance.apply_boundary"
 ACKNOWLEDGE = "governance.acknowledge_notification"
 VIEW_REPORT = "governance.view_delivery_report"
 MANAGE_PROVIDERS = "governance.change_provider"
+MANAGE_TOOLS = "governance.change_toolserver"
 
 
 def allowed(user, permission: str, scopes=()) -> bool:

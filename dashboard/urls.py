@@ -13,6 +13,7 @@ from dashboard import (
     segment_views,
     stream_views,
     token_views,
+    tool_api,
     views,
 )
 
@@ -36,6 +37,8 @@ api_patterns = [
     path("api/v1/providers", api.providers, name="api-providers"),
     path("api/v1/providers/<str:provider_id>", api.provider, name="api-provider"),
     path("api/v1/segments/<str:segment_key>", api.segment_detail, name="api-segment-detail"),
+    path("api/v1/tools", tool_api.tools, name="api-tools"),
+    path("api/v1/tools/<str:name>", tool_api.tool, name="api-tool"),
 ]
 
 urlpatterns = [

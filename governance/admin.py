@@ -9,6 +9,7 @@ from governance.models import (
     Notification,
     Provider,
     ProviderHealthState,
+    ToolServer,
 )
 from governance.services.alerts import channel_target_problem
 
@@ -18,6 +19,19 @@ class ProviderAdmin(admin.ModelAdmin):
     list_display = ("provider_id", "kind", "model", "base_url", "enabled")
     list_filter = ("kind", "enabled")
     search_fields = ("provider_id", "model")
+
+
+@admin.register(ToolServer)
+class ToolServerAdmin(admin.ModelAdmin):
+    """The registry (issue 11). Listings are the server's: read-only here;
+    ``manage.py tool refresh`` or ``PATCH /api/v1/tools/{name}`` lists again."""
+
+    list_display = ("name", "kind", "url", "enabled", "schema_version", "listed_at")
+    list_filter = ("kind", "enabled")
+    search_fields = ("name", "url")
+    readonly_fields = (
+        "listed_tools", "schema_version", "schema_fingerprint", "listed_at", "list_error",
+    )  # fmt: skip
 
 
 @admin.register(ProviderHealthState)

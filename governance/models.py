@@ -50,6 +50,49 @@ class Provider(models.Model):
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+class ToolServer(models.Model):
+    """A registered tool (issue 11): an MCP server whose tools are listed from
+    it (``"{name}.{tool}"``), or one HTTP endpoint with a JSON Schema (``"{name}"``).
+
+    A bearer token is named by its environment variable (``token_env``), never
+    stored. ``listed_tools`` caches the server's last ``tools/list``; every
+    change of it bumps ``schema_version`` (a tool-surface boundary for the
+    threads that see it, R1.3).
+    """
+
+    class Kind(models.TextChoices):
+        MCP = "mcp", "MCP server (Streamable HTTP)"
+        HTTP = "http", "HTTP endpoint with a JSON Schema"
+
+    name = models.SlugField(max_length=40, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    url = models.CharField(max_length=500)
+    token_env = models.CharField(max_length=100, blank=True)
+    # http kind only
+    method = models.CharField(max_length=8, blank=True)
+    description = models.TextField(blank=True)
+    parameters = models.JSONField(default=dict, blank=True)
+    effect = models.CharField(max_length=16, blank=True)  # read_only / external_effect
+    verify_url = models.CharField(max_length=500, blank=True)
+    timeout_s = models.FloatField(default=30.0)
+    enabled = models.BooleanField(default=True)
+    # mcp kind: {tool: effect class} over the annotations' default
+    effect_overrides = models.JSONField(default=dict, blank=True)
+    listed_tools = models.JSONField(default=list, blank=True)
+    schema_version = models.PositiveIntegerField(default=0)
+    schema_fingerprint = models.CharField(max_length=64, blank=True)
+    listed_at = models.DateTimeField(null=True, blank=True)
+    list_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind}: {self.url})"
+
+
 class ProviderHealthState(models.Model):
     """The breaker of one provider (R2.2). Refusals never touch it (R2.3)."""
 
@@ -131,6 +174,9 @@ class Segment(models.Model):
     model = models.CharField(max_length=200)
     mode = models.CharField(max_length=50)
     tool_surface = models.JSONField(default=list)
+    # The fingerprint of the registry schemas the surface sees (issue 11): a
+    # change of them is a tool-surface boundary (R1.3).
+    tool_schemas = models.CharField(max_length=64, blank=True)
     system_prompt = models.TextField(blank=True)
     opened_at = models.DateTimeField()
     # R1.4: closing records who/why/when; nothing else about the segment changes.
@@ -270,6 +316,8 @@ class ProviderAttempt(models.Model):
     finish_reason = models.CharField(max_length=64, blank=True)
     usage = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    # {tool name: wire name} offered in this request (OpenAI/Anthropic name rules).
+    tool_names = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -381,7 +429,11 @@ class ToolReceipt(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="receipts")
     stage = models.ForeignKey(Stage, null=True, blank=True, on_delete=models.SET_NULL)
-    tool = models.CharField(max_length=64)
+    tool = models.CharField(max_length=200)
+    # A registry tool's server and the schema version the call was made against.
+    server = models.CharField(max_length=40, blank=True)
+    schema_version = models.PositiveIntegerField(null=True, blank=True)
+    effect_class = models.CharField(max_length=16, blank=True)
     tool_call_id = models.CharField(max_length=100, blank=True)
     idempotency_key = models.CharField(max_length=300, unique=True)
     arguments = models.JSONField(default=dict)

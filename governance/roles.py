@@ -15,6 +15,7 @@ ACTIONS: dict[str, str] = {
     "acknowledge_notification": "acknowledge alerts",
     "view_delivery_report": "read the delivery report",
     "change_provider": "add or change providers",
+    "change_toolserver": "add or change registry tools (MCP servers, HTTP tools)",
 }
 
 ROLES: dict[str, tuple[str, ...]] = {

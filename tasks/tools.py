@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 import httpx
 
+from governance.rules import tools as tool_rules
 from governance.services.outbound import Resolver
 from tasks import outbound
 from tasks.adapters.base import ToolSpec
@@ -574,6 +575,96 @@ def verify_webhook(
         status=status,
         body=_decode(body),
     )
+
+
+# ---------------------------------------------------------------------------
+# HTTP tools of the registry (issue 11)
+
+
+def http_tool(
+    arguments: dict[str, Any],
+    *,
+    url: str,
+    method: str,
+    effect_class: str,
+    idempotency_key: str,
+    timeout_s: float = 30.0,
+    token: str | None = None,
+    transport: httpx.BaseTransport | None = None,
+    resolver: Resolver | None = None,
+) -> ToolResult:
+    """Call a registered HTTP tool: the arguments as JSON (as the query for
+    GET and DELETE). The webhook's table reads the answer
+    (``rules.tools.http_status_end``); an ``external_effect`` tool sends
+    ``Idempotency-Key`` and, when no complete answer came back after the
+    request left, its effect is unknown; a ``read_only`` one simply failed
+    (``rules.tools.call_effect``). The arguments were checked against the
+    tool's schema by the caller."""
+    external = effect_class == "external_effect"
+
+    def result(end: str, error: str = "", **output: Any) -> ToolResult:
+        return ToolResult(tool_rules.call_effect(end, effect_class), dict(output), error, external)
+
+    if problem := _check_url(url, None):
+        return result("not_sent", problem[1], request_sent=False)
+    if err := _check_key(idempotency_key):
+        return result("not_sent", err, request_sent=False)
+    headers = {"User-Agent": _USER_AGENT, "Accept": "application/json"}
+    if external:
+        headers["Idempotency-Key"] = idempotency_key
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    content, params = None, None
+    if method in ("GET", "DELETE"):
+        params = {
+            k: v if isinstance(v, str) else json.dumps(v, allow_nan=False)
+            for k, v in arguments.items()
+        }
+    else:
+        try:
+            content = json.dumps(arguments, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            return result("not_sent", f"the arguments are not JSON: {exc}", request_sent=False)
+        headers["Content-Type"] = "application/json"
+    try:
+        status, body, truncated = _exchange(
+            method, url, headers=headers, content=content, params=params,
+            timeout_s=timeout_s, transport=transport, resolver=resolver,
+        )  # fmt: skip
+    except outbound.OutboundRefused as exc:
+        return ToolResult("refused", {"request_sent": False}, exc.reason, external)
+    except _Interrupted as exc:
+        return result(
+            "no_answer",
+            f"HTTP {exc.status} but the response was interrupted ({exc.reason})",
+            status=exc.status, request_sent=True,
+        )  # fmt: skip
+    except httpx.TransportError as exc:
+        if _sent_nothing(exc):
+            return result(
+                "not_sent",
+                f"could not reach the tool ({type(exc).__name__}: {exc}); nothing was sent",
+                request_sent=False,
+            )
+        return result(
+            "no_answer",
+            f"the request was sent but no complete answer came back ({type(exc).__name__}: {exc})",
+            request_sent=True,
+        )
+    text = _decode(body)
+    answer: Any = text
+    if not truncated:
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = text
+    end = tool_rules.http_status_end(status)
+    seen = {"status": status, "body": answer, "truncated": truncated, "request_sent": True}
+    if end == "result":
+        return result(end, **seen)
+    if end == "tool_error":
+        return result(end, f"the tool answered HTTP {status}", **seen)
+    return result(end, f"HTTP {status} does not say whether the tool acted", **seen)
 
 
 # ---------------------------------------------------------------------------

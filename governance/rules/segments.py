@@ -57,6 +57,9 @@ class SegmentConfig:
     mode: str = "default"
     tool_surface: tuple[str, ...] = ()
     system_prompt: str = ""
+    # The fingerprint of the registry schemas the surface sees (issue 11): the
+    # same names with other schemas are another surface.
+    tool_schemas: str = ""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -65,10 +68,10 @@ class SegmentConfig:
         object.__setattr__(self, "tool_surface", tuple(sorted(set(self.tool_surface))))
 
     def fingerprint(self) -> str:
-        payload = json.dumps(
-            [self.model, self.mode, list(self.tool_surface), self.system_prompt],
-            ensure_ascii=False,
-        )
+        parts: list = [self.model, self.mode, list(self.tool_surface), self.system_prompt]
+        if self.tool_schemas:  # absent before the registry: fingerprints stay as they were
+            parts.append(self.tool_schemas)
+        payload = json.dumps(parts, ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -120,7 +123,7 @@ def config_changes(old: SegmentConfig, new: SegmentConfig) -> tuple[BoundaryKind
         changes.append(BoundaryKind.MODEL_SWITCH)
     if old.mode != new.mode:
         changes.append(BoundaryKind.MODE_CHANGE)
-    if old.tool_surface != new.tool_surface:
+    if old.tool_surface != new.tool_surface or old.tool_schemas != new.tool_schemas:
         changes.append(BoundaryKind.TOOL_SURFACE_CHANGE)
     if old.system_prompt != new.system_prompt:
         changes.append(BoundaryKind.PROMPT_CHANGE)
@@ -204,3 +207,16 @@ def history_after_boundary(
     if not summary:
         raise SegmentError("compact replaces the history with a summary: give one")
     return History((summary,))
+
+
+# A registry server's every tool, in a tool surface: "{server}.*" (issue 11).
+SURFACE_WILDCARD = ".*"
+
+
+def surface_allows(name: str, tool_surface: Sequence[str]) -> bool:
+    """R1.2: whether the segment's tool surface holds the tool called ``name``:
+    named alone, or, for a registry tool ``"{server}.{tool}"``, by ``"{server}.*"``."""
+    if name in tool_surface:
+        return True
+    server, dot, tool = name.partition(".")
+    return bool(dot and server and tool) and f"{server}{SURFACE_WILDCARD}" in tool_surface

@@ -8,12 +8,15 @@ idempotency key, never replayed blindly (R6.4).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from governance.rules import lifecycle as lc
+from governance.rules.segments import SURFACE_WILDCARD, surface_allows
 from governance.rules.turns import ReceiptClose, StageConclusion
 
 EFFECT_FACT_KINDS: Mapping[str, lc.FactKind] = {
@@ -62,7 +65,7 @@ def tool_admissions(name: str) -> tuple[ToolAdmission, ...]:
 
 def surface_refusal(name: str, tool_surface: Sequence[str]) -> str | None:
     """R1.2: a call outside the segment's tool surface is refused by its executor."""
-    if name in tool_surface:
+    if surface_allows(name, tool_surface):
         return None
     return f"{name} is not in this segment's tool surface"
 
@@ -169,6 +172,9 @@ class ReceiptVerdict:
     tool: str
     state: lc.EffectState
     output: Any = None
+    # False: the executor has no way to ask (an MCP tool, an HTTP tool without
+    # a verification URL); asking again later cannot prove anything either.
+    verifiable: bool = True
 
 
 def effect_evidence(key: str, lookup_effect: str) -> lc.EffectEvidence:
@@ -186,13 +192,16 @@ def conclude_verification(
     """R6.4: happened → the receipt becomes a success and work resumes; proven
     not performed → the same call is replayed with the SAME key; still unknown
     → verify again later, at most MAX_VERIFICATIONS times, then a hard limit
-    settles the run with the effect listed as unknown. Never a blind replay."""
+    settles the run with the effect listed as unknown — at once when the tool
+    has no verification contract (nothing later could prove it). Never a blind
+    replay."""
     attempt = payload.get("attempt", 1)
     resume = payload.get("resume") or {}
     next_work = resume.get("next")
     facts = []
     receipts = []
     still_unknown = []
+    unverifiable = False
     for verdict in verdicts:
         action = lc.replay_action(verdict.state)
         if action is lc.ReplayAction.READ_BACK:
@@ -211,17 +220,20 @@ def conclude_verification(
             )
         else:
             still_unknown.append(verdict.key)
+            unverifiable = unverifiable or not verdict.verifiable
             continue
         facts.append(
             lc.OwnerFact(lc.Owner.EXECUTOR, kind, verdict.tool, idempotency_key=verdict.key)
         )
-    if still_unknown and attempt >= MAX_VERIFICATIONS:
+    if still_unknown and (attempt >= MAX_VERIFICATIONS or unverifiable):
+        detail = (
+            "the effect stays unknown: the tool has no verification contract"
+            if unverifiable
+            else f"effect still unknown after {attempt} verifications"
+        )
         facts.append(
             lc.OwnerFact(
-                lc.Owner.RESOURCE,
-                lc.FactKind.HARD_LIMIT_REACHED,
-                "tool_calls",
-                detail=f"effect still unknown after {attempt} verifications",
+                lc.Owner.RESOURCE, lc.FactKind.HARD_LIMIT_REACHED, "tool_calls", detail=detail
             )
         )
     return StageConclusion(
@@ -230,3 +242,155 @@ def conclude_verification(
         next_work=next_work,
         receipts=tuple(receipts),
     )
+
+
+# ---------------------------------------------------------------------------
+# Registry tools (issue 11): MCP servers and HTTP endpoints under the same rules.
+
+ToolEffectClass = Literal["read_only", "external_effect"]
+EFFECT_CLASSES: tuple[str, ...] = ("read_only", "external_effect")
+
+
+def registry_tool_name(server: str, tool: str) -> str:
+    """An MCP server's tool as the surface, the model and the receipts name it."""
+    return f"{server}.{tool}"
+
+
+def split_tool_name(name: str) -> tuple[str, str | None]:
+    """``"files.read"`` → ("files", "read"); an HTTP tool or a built-in: (name, None)."""
+    server, dot, tool = name.partition(".")
+    return (server, tool) if dot else (name, None)
+
+
+def effect_class(annotations: Mapping[str, Any] | None, override: str | None = None) -> str:
+    """R4.1/R6.4: which effect class an MCP tool has. The registry's override
+    wins; else the server's ``readOnlyHint: true`` makes it ``read_only``; any
+    other tool may act outside (MCP's own default is ``destructiveHint: true``),
+    so ``external_effect``. ``destructiveHint`` and ``idempotentHint`` describe
+    the kind of effect, not its absence: an idempotent tool still acts, and an
+    unknown outcome is verified, never replayed on the hint alone (R6.4)."""
+    if override in EFFECT_CLASSES:
+        return override
+    hints = annotations or {}
+    read_only = hints.get("readOnlyHint", hints.get("read_only_hint"))
+    return "read_only" if read_only is True else "external_effect"
+
+
+def uncertain_effect(effect_class_: str) -> str:
+    """R6.2/R6.4: a call whose request left but whose answer did not come back
+    (timeout, reset, a gateway speaking for the origin): the effect of an
+    ``external_effect`` tool is unknown (verify, never replay blindly); a
+    ``read_only`` tool changed nothing, so the call simply failed."""
+    return "unknown" if effect_class_ == "external_effect" else "failed"
+
+
+CallEnd = Literal["result", "tool_error", "server_error", "not_sent", "no_answer"]
+
+
+def call_effect(end: CallEnd, effect_class_: str) -> str:
+    """R4.1/R6.2: what one registry call's end says about its effect.
+
+    ``result`` → succeeded; ``tool_error`` (MCP ``isError``, HTTP 4xx/5xx) is
+    the tool's own fact → failed, and the run goes on (R4.2); ``server_error``
+    (the server answered with a protocol error: it did not run the call) →
+    failed; ``not_sent`` (connecting, handshake, outbound check) → failed:
+    nothing left; ``no_answer`` (timeout or transport failure after the
+    request was sent) → :func:`uncertain_effect`."""
+    if end == "result":
+        return "succeeded"
+    if end == "no_answer":
+        return uncertain_effect(effect_class_)
+    return "failed"
+
+
+def http_status_end(status: int) -> CallEnd:
+    """An HTTP tool's answer, as the webhook table reads it (tasks/tools.py):
+    2xx result; 4xx and 5xx other than 502/504 are the receiver's own failure;
+    502/504, 1xx and 3xx speak for an origin that may have acted."""
+    if 200 <= status < 300:
+        return "result"
+    if 400 <= status < 500 or (status >= 500 and status not in (502, 504)):
+        return "tool_error"
+    return "no_answer"
+
+
+def surface_names(
+    tool_surface: Sequence[str], listed: Mapping[str, Sequence[str]]
+) -> tuple[str, ...]:
+    """R1.2: the tool names a surface offers, with each ``"{server}.*"``
+    expanded to the server's listed tools. ``listed`` maps an MCP server to its
+    tool names; an HTTP tool or a built-in is its own name. Sorted, no repeats."""
+    names: set[str] = set()
+    for entry in tool_surface:
+        if entry.endswith(SURFACE_WILDCARD):
+            server = entry[: -len(SURFACE_WILDCARD)]
+            names.update(registry_tool_name(server, tool) for tool in listed.get(server, ()))
+        else:
+            names.add(entry)
+    return tuple(sorted(names))
+
+
+def schema_fingerprint(tools: Iterable[Mapping[str, Any]]) -> str:
+    """The identity of a listing's schemas: names, descriptions, argument
+    schemas and annotations, in name order (the server's order is no change)."""
+    rows = sorted(
+        (
+            [
+                t.get("name", ""),
+                t.get("description", ""),
+                t.get("input_schema", {}),
+                t.get("annotations") or {},
+            ]
+            for t in tools
+        ),
+        key=lambda row: row[0],
+    )
+    payload = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# OpenAI's function names (Anthropic's tool names follow the same pattern).
+WIRE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_WIRE_SEPARATOR = "__"  # stands for the "." of "{server}.{tool}"; server names never hold it
+
+
+def wire_name(name: str) -> str:
+    """One tool name as a provider allows it (``[a-zA-Z0-9_-]{1,64}``).
+
+    A valid name without ``__`` stays; ``"{server}.{tool}"`` becomes
+    ``"{server}__{tool}"`` when that is valid (server names hold neither "."
+    nor "__", so it reads back unambiguously); anything else keeps a readable
+    prefix and a digest of the whole name."""
+    if WIRE_NAME.fullmatch(name) and _WIRE_SEPARATOR not in name:
+        return name
+    server, tool = split_tool_name(name)
+    if tool is not None:
+        joined = f"{server}{_WIRE_SEPARATOR}{tool}"
+        if WIRE_NAME.fullmatch(joined) and _WIRE_SEPARATOR not in tool:
+            return joined
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    readable = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:50]
+    return f"{readable}-{digest}"
+
+
+def wire_names(names: Iterable[str]) -> dict[str, str]:
+    """The reversible map from tool names to wire names for one request: every
+    wire name valid and distinct (a clash gets a digest of its own)."""
+    mapping: dict[str, str] = {}
+    used: set[str] = set()
+    for name in sorted(set(names)):
+        wire = wire_name(name)
+        if wire in used:
+            wire = f"{wire[:40]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+        used.add(wire)
+        mapping[name] = wire
+    return mapping
+
+
+def tool_name_of(wire: str, mapping: Mapping[str, str]) -> str:
+    """The tool name a model's call means: the map's inverse, else the name as sent
+    (a name that was not offered is then refused by the surface, R1.2)."""
+    for name, offered in mapping.items():
+        if offered == wire:
+            return name
+    return wire

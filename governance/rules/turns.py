@@ -24,7 +24,7 @@ from governance.rules import publication as pub
 from governance.rules.health import TIME_BASED_CLASSES, Classification
 from governance.rules.refusal import RULE_TEXT
 from governance.rules.routing import AttemptOutcome, TurnOutcome, why_no_candidate
-from governance.rules.segments import History, request_parts
+from governance.rules.segments import History, request_parts, surface_allows
 
 FINALIZE_INSTRUCTION = (
     "Finalize now using only the material accepted so far. State plainly what is "
@@ -212,6 +212,7 @@ class TurnCall:
     usage: Mapping[str, int] = field(default_factory=dict)
     error: str = ""
     timeout_name: str = ""
+    tool_names: Mapping[str, str] = field(default_factory=dict)  # tool name -> wire name
 
     @property
     def result(self) -> str:
@@ -416,8 +417,11 @@ def _accepted(
     if outcome.accepted_kind == "history_only" and facts.increment:
         detail = "the newest input was withheld; the accepted history alone was answered"
     kept_input = [] if facts.final else accepted_increment
-    allowed = set(facts.tool_surface)
-    valid_calls = [] if facts.final else [c for c in accepted.tool_calls if c["name"] in allowed]
+    valid_calls = (
+        []
+        if facts.final
+        else [c for c in accepted.tool_calls if surface_allows(c["name"], facts.tool_surface)]
+    )
     # R4.4: only a deliverable body or a valid tool call is progress.
     kind = lc.classify_turn(accepted.text, len(valid_calls))
     base = {"outcome": "accepted", "detail": detail}

@@ -16,15 +16,30 @@ from governance.models import (
 
 
 def open_receipt(
-    run: Run, stage: Stage, *, tool: str, key: str, arguments: dict, call_id: str, now: datetime
+    run: Run,
+    stage: Stage,
+    *,
+    tool: str,
+    key: str,
+    arguments: dict,
+    call_id: str,
+    now: datetime,
+    server: str = "",
+    schema_version: int | None = None,
+    effect_class: str = "",
 ) -> tuple[ToolReceipt, bool]:
-    """Write the attempt before the effect: a receipt in ``pending``."""
+    """Write the attempt before the effect: a receipt in ``pending``. A registry
+    tool's receipt names its server, the schema version called against and its
+    effect class (issue 11); a redelivery reads the first delivery's."""
     receipt, created = ToolReceipt.objects.get_or_create(
         idempotency_key=key,
         defaults={
             "run": run,
             "stage": stage,
-            "tool": tool,
+            "tool": tool[:200],
+            "server": server,
+            "schema_version": schema_version,
+            "effect_class": effect_class,
             "tool_call_id": call_id,
             "arguments": arguments,
             "created_at": now,

@@ -19,6 +19,7 @@ from governance.models import (
 )
 from governance.rules import segments as segment_rules
 from governance.services import alerts as services_alerts
+from governance.services import tool_servers
 from governance.services.audit import audit
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.outbound import require_outbound_url
@@ -52,9 +53,8 @@ def create_thread(
     missing = [p for p in chain if p not in known]
     if missing:
         raise ServiceError("provider_chain", f"unknown provider(s): {', '.join(missing)}")
-    unknown_tools = sorted(set(tool_surface) - set(TOOL_NAMES))
-    if unknown_tools:
-        raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
+    if problem := tool_servers.surface_problem(list(tool_surface)):
+        raise ServiceError("tool_surface", problem)
     # The worker will POST here: no loopback, private or metadata address (checked again at send).
     require_outbound_url(callback_url, "callback_url")
     if not model:
@@ -78,15 +78,25 @@ def create_thread(
     return thread
 
 
-TOOL_NAMES = ("calculator", "kb_search", "webhook")
+# The built-ins; registry tools (issue 11) are named "{server}.{tool}", "{server}.*"
+# or, for an HTTP tool, "{server}" (governance/services/tool_servers.py).
+TOOL_NAMES = tool_servers.BUILTIN_TOOL_NAMES
 
 
 def segment_config_of(source: Thread | Segment) -> segment_rules.SegmentConfig:
+    """A segment's configuration; for a thread (its first segment), the
+    registry schemas its surface sees now."""
+    schemas = (
+        source.tool_schemas
+        if isinstance(source, Segment)
+        else tool_servers.surface_schemas(source.tool_surface)
+    )
     return segment_rules.SegmentConfig(
         model=source.model,
         mode=source.mode,
         tool_surface=tuple(source.tool_surface),
         system_prompt=source.system_prompt,
+        tool_schemas=schemas,
     )
 
 
@@ -106,6 +116,7 @@ def _open_segment(
         model=config.model,
         mode=config.mode,
         tool_surface=list(config.tool_surface),
+        tool_schemas=config.tool_schemas,
         system_prompt=config.system_prompt,
         opened_at=now,
     )
@@ -159,10 +170,8 @@ def apply_boundary(
         raise ServiceError("reason", "say why the boundary is applied")
     if kind is segment_rules.BoundaryKind.MODEL_SWITCH and not model:
         raise ServiceError("model", "name the model to switch to")
-    if tool_surface is not None:
-        unknown_tools = sorted(set(tool_surface) - set(TOOL_NAMES))
-        if unknown_tools:
-            raise ServiceError("tool_surface", f"unknown tool(s): {', '.join(unknown_tools)}")
+    if tool_surface is not None and (problem := tool_servers.surface_problem(list(tool_surface))):
+        raise ServiceError("tool_surface", problem)
     with transaction.atomic():
         # One boundary at a time per thread: a double click waits here, then
         # finds the first click's boundary by its key.
@@ -181,13 +190,14 @@ def apply_boundary(
                 "segment", f"{expected_segment.key} was closed meanwhile; {current.key} is open"
             )
         old_config = segment_config_of(current)
+        new_surface = tuple(tool_surface) if tool_surface is not None else old_config.tool_surface
         new_config = segment_rules.SegmentConfig(
             model=model if model is not None else old_config.model,
             mode=mode if mode is not None else old_config.mode,
-            tool_surface=tuple(tool_surface)
-            if tool_surface is not None
-            else old_config.tool_surface,
+            tool_surface=new_surface,
             system_prompt=system_prompt if system_prompt is not None else old_config.system_prompt,
+            # The next segment sees the registry's schemas as they are now (issue 11).
+            tool_schemas=tool_servers.surface_schemas(new_surface),
         )
         generation = current.session.generation
         new_session_id = (
@@ -258,6 +268,35 @@ def apply_boundary(
             idempotency_key=audit_key,
         )
     return opened, True
+
+
+def follow_tool_schemas(server_name: str, now: datetime, *, why: str) -> list[Segment]:
+    """R1.3 (issue 11): a change of the registry schemas a thread's surface sees
+    is a tool-surface change. Every open segment that names ``server_name`` and
+    now sees other schemas is closed by a ``tool_surface_change`` boundary
+    (recorded like any other: who, why, when, audited), the next opened with
+    the same surface and the new schemas. Call inside the listing's transaction."""
+    opened = []
+    prefix = f"{server_name}."
+    candidates = Segment.objects.filter(closed_at__isnull=True).exclude(tool_surface=[])
+    for segment in candidates.select_related("thread"):
+        surface = list(segment.tool_surface)
+        if not any(e == server_name or e.startswith(prefix) for e in surface):
+            continue
+        schemas = tool_servers.surface_schemas(surface)
+        if schemas == segment.tool_schemas:
+            continue
+        new, _created = apply_boundary(
+            segment.thread,
+            segment_rules.BoundaryKind.TOOL_SURFACE_CHANGE,
+            by=f"tool registry ({server_name})",
+            reason=why,
+            now=now,
+            idempotency_key=f"tool-schemas:{segment.key}:{schemas or 'none'}",
+            expected_segment=segment,
+        )
+        opened.append(new)
+    return opened
 
 
 def _boundary_done(audit_key: str) -> Segment | None:

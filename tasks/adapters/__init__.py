@@ -24,8 +24,11 @@ or transport error), so ``on_event`` sees the end of the stream too.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 
+from governance.rules.tools import tool_name_of
 from tasks.adapters._common import INVALID_ARGUMENTS_KEY
 from tasks.adapters.anthropic import call_anthropic
 from tasks.adapters.base import (
@@ -78,13 +81,21 @@ def call_provider(
     if not isinstance(request, ProviderRequest):
         raise ValueError(f"request must be ProviderRequest, got {type(request).__name__}")
     if config.kind == "openai":
-        return call_openai(
-            config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
-        )
+        return _tool_names_back(
+            request,
+            call_openai(
+                config, request, limits=limits, clock=clock, on_event=on_event,
+                transport=transport,
+            ),
+        )  # fmt: skip
     if config.kind == "anthropic":
-        return call_anthropic(
-            config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
-        )
+        return _tool_names_back(
+            request,
+            call_anthropic(
+                config, request, limits=limits, clock=clock, on_event=on_event,
+                transport=transport,
+            ),
+        )  # fmt: skip
     if config.kind == "scripted":
         return call_scripted(
             config,
@@ -95,3 +106,13 @@ def call_provider(
             script_state=script_state,
         )
     raise ValueError(f"unknown provider kind {config.kind!r} for {config.provider_id!r}")
+
+
+def _tool_names_back(request: ProviderRequest, response: ProviderResponse) -> ProviderResponse:
+    """The model's calls by the tools' own names (the wire names read back)."""
+    if request.tool_names and response.tool_calls:
+        response.tool_calls = tuple(
+            replace(call, name=tool_name_of(call.name, request.tool_names))
+            for call in response.tool_calls
+        )
+    return response

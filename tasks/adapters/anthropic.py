@@ -57,7 +57,7 @@ __all__ = ["ANTHROPIC_VERSION", "build_body", "call_anthropic"]
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
+def _blocks(message: ChatMessage, request: ProviderRequest) -> list[dict[str, Any]]:
     if message.role == "tool":
         if not message.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
@@ -69,7 +69,12 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls:
         blocks.append(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": request.wire_name(call.name),
+                "input": call.arguments,
+            }
         )
     return blocks
 
@@ -82,7 +87,7 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
         if message.role == "system":
             continue
         role = "assistant" if message.role == "assistant" else "user"
-        blocks = _blocks(message)
+        blocks = _blocks(message, request)
         if not blocks:
             continue  # the API rejects empty content
         if turns and turns[-1]["role"] == role:
@@ -101,7 +106,11 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
         body["system"] = "\n\n".join(system)
     if request.tools:
         body["tools"] = [
-            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            {
+                "name": request.wire_name(t.name),
+                "description": t.description,
+                "input_schema": t.parameters,
+            }
             for t in request.tools
         ]
     return body

@@ -8,12 +8,13 @@ events the clocks need (R6.1: heartbeats are not progress).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from governance.rules.health import AttemptEvidence
+from governance.rules.tools import wire_name as _wire_name
 
 Role = Literal["system", "user", "assistant", "tool"]
 StreamEventKind = Literal[
@@ -62,6 +63,13 @@ class ProviderRequest:
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 1024
     idempotency_key: str | None = None
+    # Tool name -> the name on the wire (``rules.tools.wire_names``): registry
+    # tools are "{server}.{tool}", which providers' name rules do not allow.
+    tool_names: Mapping[str, str] = field(default_factory=dict)
+
+    def wire_name(self, name: str) -> str:
+        """The name a provider sees for the tool called ``name`` (offered or in history)."""
+        return self.tool_names.get(name) or _wire_name(name)
 
 
 @dataclass(frozen=True)

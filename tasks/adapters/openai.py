@@ -53,7 +53,7 @@ from tasks.adapters.base import (
 __all__ = ["build_body", "call_openai"]
 
 
-def _message(message: ChatMessage) -> dict[str, Any]:
+def _message(message: ChatMessage, request: ProviderRequest) -> dict[str, Any]:
     if message.role == "tool":
         if not message.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
@@ -65,7 +65,10 @@ def _message(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                "function": {
+                    "name": request.wire_name(call.name),
+                    "arguments": json.dumps(call.arguments),
+                },
             }
             for call in message.tool_calls
         ]
@@ -76,7 +79,7 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
     """The JSON body of one streamed chat completion."""
     body: dict[str, Any] = {
         "model": request.model or config.model,
-        "messages": [_message(m) for m in request.messages],
+        "messages": [_message(m, request) for m in request.messages],
         "max_tokens": request.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -86,7 +89,7 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
             {
                 "type": "function",
                 "function": {
-                    "name": tool.name,
+                    "name": request.wire_name(tool.name),
                     "description": tool.description,
                     "parameters": tool.parameters,
                 },

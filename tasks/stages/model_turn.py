@@ -23,6 +23,7 @@ from governance.rules.run_clocks import attempt_allowance, stream_event_is_progr
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
 from governance.services.runs import cancel_requested, mark_progress, run_goal
+from governance.services.tool_registry import record_wire_names
 from tasks import instrumentation as spans
 from tasks.adapters import call_provider
 from tasks.adapters.base import (
@@ -32,7 +33,7 @@ from tasks.adapters.base import (
     ProviderRequest,
     ToolCall,
 )
-from tasks.tools import TOOL_SPECS
+from tasks.registry_tools import offered_specs
 
 PROGRESS_WRITE_EVERY = timedelta(seconds=30)  # mid-stream progress reaches the row this often
 _transport: tuple[int, httpx.HTTPTransport] | None = None
@@ -70,7 +71,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         request_digest=None,
     )
     offered = turns.offered_tools(segment.tool_surface, final=final)
-    tools = tuple(TOOL_SPECS[name] for name in offered if name in TOOL_SPECS)
+    tools, tool_names = offered_specs(offered)  # built-ins and registry tools (issue 11)
     progress = _Progress(run, context.last_progress_at)
     calls: list[turns.TurnCall] = []
     steps: dict[str, int] = {}
@@ -105,6 +106,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
                 _message(m) for m in turns.request_messages(segment.system_prompt, parts)
             ),
             tools=tools,
+            tool_names=tool_names,
             idempotency_key=f"{run.id}:{stage.id}:{provider.provider_id}:{kind}:{step}",
         )
         allowance = attempt_allowance(
@@ -167,6 +169,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
                 usage=dict(response.usage),
                 error=response.error,
                 timeout_name=response.timeout_name or "",
+                tool_names=tool_names,
             )
         )
         return turns.attempt_outcome(classification, response.timeout_name, ended)
@@ -195,6 +198,8 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     closed = stage_service.close_stage(
         stage, conclusion, now, run=run, context=context, last_progress_at=progress.at
     )
+    if any(name != wire for name, wire in tool_names.items()):
+        record_wire_names(stage, tool_names)  # until the close writes TurnCall.tool_names
     for name, amount in conclusion.counts.items():
         spans.count(name, amount)
     return conclusion.outcome, closed

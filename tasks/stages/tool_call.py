@@ -4,6 +4,11 @@ The receipt is written before the effect; a redelivery reads it back or, when
 an external effect may have happened, verifies it by key instead of replaying
 it (``rules.tools.receipt_step``). The call is admitted from the run's one
 ledger (and web searches from their own quota) before it is made.
+
+A registry tool (issue 11: an MCP server's ``"{server}.{tool}"`` or an HTTP
+tool) runs the same way; its receipt also names its server, the schema
+version the call was made against and its effect class, and that class (not
+the built-ins' list) says whether an effect may have happened (R6.4).
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from governance import time_source
 from governance.models import Run, Stage
 from governance.rules import tools as tool_rules
 from governance.services import budget as ledger
-from governance.services import receipts
+from governance.services import receipts, tool_servers
 from governance.services import stages as stage_service
 from tasks import instrumentation as spans
-from tasks.tools import EXTERNAL_TOOLS, run_tool
+from tasks import registry_tools
+from tasks.tools import EXTERNAL_TOOLS, TOOLS, run_tool
 
 
 def execute(run: Run, stage: Stage):
@@ -27,13 +33,19 @@ def execute(run: Run, stage: Stage):
         str(run.id), payload.get("turn_stage", stage.id), payload["index"], call["id"]
     )
     now = time_source.now()
+    registry = None if call["name"] in TOOLS else tool_servers.registry_tool(call["name"])
     receipt, created = receipts.open_receipt(
         run, stage, tool=call["name"], key=key, arguments=call["arguments"],
         call_id=call["id"], now=now,
+        server=registry.server if registry else "",
+        schema_version=registry.schema_version if registry else None,
+        effect_class=registry.effect_class if registry else "",
     )  # fmt: skip
+    # The class recorded with the receipt decides, even if the registry changed since.
+    external = call["name"] in EXTERNAL_TOOLS or receipt.effect_class == "external_effect"
     step = tool_rules.receipt_step(
         None if created else receipt.effect,
-        external=call["name"] in EXTERNAL_TOOLS,
+        external=external,
         # Only the first delivery of a replay the executor asked for may perform it.
         verified_replay=bool(payload.get("replay")) and stage.deliveries <= 1,
     )
@@ -45,10 +57,10 @@ def execute(run: Run, stage: Stage):
         effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
     else:
         try:
-            effect, output, error = _perform(run, stage, call, key, now)
+            effect, output, error = _perform(run, stage, call, key, now, registry)
         except Exception as exc:  # R4.1: the executor's fact, not the run's end (R4.2)
             # An external tool that broke mid-call may have had its effect.
-            effect = "unknown" if call["name"] in EXTERNAL_TOOLS else "failed"
+            effect = "unknown" if external else "failed"
             output, error = None, f"{type(exc).__name__}: {exc}"[:500]
     now = time_source.now()
     conclusion = tool_rules.conclude_tool_call(
@@ -57,14 +69,16 @@ def execute(run: Run, stage: Stage):
     return effect, stage_service.close_stage(stage, conclusion, now, run=run)
 
 
-def _perform(run: Run, stage: Stage, call: dict, key: str, now) -> tuple[str, Any, str]:
+def _perform(run: Run, stage: Stage, call: dict, key: str, now, registry) -> tuple[str, Any, str]:
     with spans.tool_span(tool=call["name"], started_at=now, call_id=call["id"]) as span:
-        effect, output, error = _admit_and_run(run, stage, call, key, now)
+        effect, output, error = _admit_and_run(run, stage, call, key, now, registry)
         span.finish(time_source.now(), effect=effect, error=error)
     return effect, output, error
 
 
-def _admit_and_run(run: Run, stage: Stage, call: dict, key: str, now) -> tuple[str, Any, str]:
+def _admit_and_run(
+    run: Run, stage: Stage, call: dict, key: str, now, registry
+) -> tuple[str, Any, str]:
     refused = tool_rules.surface_refusal(call["name"], stage_service.tool_surface(run))
     if refused:
         return "refused", None, refused
@@ -76,5 +90,8 @@ def _admit_and_run(run: Run, stage: Stage, call: dict, key: str, now) -> tuple[s
         )  # fmt: skip
         if not admission.admitted:
             return "refused", None, need.refused_words
-    result = run_tool(call["name"], call["arguments"], idempotency_key=key)
+    if registry is not None:
+        result = registry_tools.run(registry, call["arguments"], idempotency_key=key, now=now)
+    else:
+        result = run_tool(call["name"], call["arguments"], idempotency_key=key)
     return result.effect, result.output, result.error

@@ -3,7 +3,9 @@
 Each unknown receipt is looked up by its idempotency key; what the lookup
 proves (``rules.tools.effect_evidence`` → ``rules.lifecycle.effect_state_after``)
 decides, in ``rules.tools.conclude_verification``: read back, replay with the
-same key, or verify again later. Never a blind replay.
+same key, or verify again later. Never a blind replay. A registry tool is
+verified by its own contract (an HTTP tool's verification URL); one without
+any (an MCP tool) stays unknown and the run settles saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from governance.models import Run, Stage, ToolReceipt
 from governance.rules import lifecycle as lc
 from governance.rules import tools as tool_rules
 from governance.services import stages as stage_service
+from tasks import registry_tools
 from tasks.tools import verify_webhook
 
 
@@ -20,9 +23,14 @@ def execute(run: Run, stage: Stage):
     verdicts = []
     for key in stage.payload["keys"]:
         receipt = ToolReceipt.objects.get(idempotency_key=key)
-        lookup = verify_webhook(receipt.arguments, idempotency_key=key)
+        if receipt.server:  # a registry tool (issue 11): its own contract, or none
+            lookup, verifiable = registry_tools.verify(receipt)
+        else:
+            lookup, verifiable = verify_webhook(receipt.arguments, idempotency_key=key), True
         state = lc.effect_state_after(key, tool_rules.effect_evidence(key, lookup.effect))
-        verdicts.append(tool_rules.ReceiptVerdict(key, receipt.tool, state, lookup.output))
+        verdicts.append(
+            tool_rules.ReceiptVerdict(key, receipt.tool, state, lookup.output, verifiable)
+        )
     conclusion = tool_rules.conclude_verification(stage.payload, verdicts)
     now = time_source.now()
     return conclusion.outcome, stage_service.close_stage(stage, conclusion, now, run=run)

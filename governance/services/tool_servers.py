@@ -1,0 +1,370 @@
+"""The tool registry (issue 11): MCP servers and HTTP tools, their cached
+listings, and what a tool surface may name.
+
+The API (``/api/v1/tools``) and ``manage.py tool`` both come here. A bearer
+token is named by its environment variable (``token_env``), never taken or
+stored. Each change is audited. What a listing change does to the threads
+that see it (a tool-surface boundary, R1.3) is ``services.tool_registry``.
+
+Names: a server is a slug without "." or "__" (its tools are
+``"{name}.{tool}"``, and the wire name ``"{name}__{tool}"`` must read back);
+an HTTP tool is called by its name alone, so no name may be a built-in's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+from django.db import IntegrityError, transaction
+
+from governance.models import ToolServer
+from governance.rules import tools as tool_rules
+from governance.rules.segments import SURFACE_WILDCARD
+from governance.services.audit import audit
+from governance.services.errors import ServiceError
+from governance.services.outbound import require_outbound_url
+
+BUILTIN_TOOL_NAMES = ("calculator", "kb_search", "webhook")
+SERVER_NAME = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]|_(?!_)){0,39}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_MAX = 100
+URL_MAX = 500
+DESCRIPTION_MAX = 2_000
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+TIMEOUT_RANGE = (0.1, 600.0)
+SURFACE_MAX = 100
+TOOL_NAME_MAX = 200  # ToolReceipt.tool
+EDITABLE = ("enabled", "effect_overrides", "description", "timeout_s", "token_env", "verify_url")
+
+
+class ToolServerExists(ServiceError):
+    """The name is taken (the API answers 409)."""
+
+
+@dataclass(frozen=True)
+class RegistryTool:
+    """One tool the registry offers: what the model sees and how it is governed."""
+
+    name: str  # "files.read" (mcp) or "weather" (http)
+    server: str
+    kind: str
+    tool: str  # the server's own name for it (mcp); the server's name (http)
+    description: str
+    parameters: dict[str, Any]
+    effect_class: str
+    schema_version: int
+    annotations: dict[str, Any]
+
+    @property
+    def external(self) -> bool:
+        return self.effect_class == "external_effect"
+
+
+def _url(value: Any, field: str, *, required: bool = True) -> str:
+    if not value:
+        if required:
+            raise ServiceError(field, "an http:// or https:// URL is required")
+        return ""
+    if not isinstance(value, str) or len(value) > URL_MAX:
+        raise ServiceError(field, f"an http(s) URL of at most {URL_MAX} characters")
+    parts = urlsplit(value)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in value)
+    ):
+        raise ServiceError(field, "must be an http:// or https:// URL with a host")
+    # The worker will call it: the outbound rules of issue 10 (checked again at send).
+    require_outbound_url(value, field)
+    return value
+
+
+def _schema(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ServiceError("parameters", "a JSON Schema object for the arguments")
+    try:
+        jsonschema.validators.validator_for(value).check_schema(value)
+    except jsonschema.SchemaError as exc:
+        raise ServiceError("parameters", f"not a valid JSON Schema: {exc.message}") from None
+    if value.get("type", "object") != "object":
+        raise ServiceError("parameters", 'the arguments are an object: use "type": "object"')
+    return value
+
+
+def _check(values: dict[str, Any]) -> dict[str, Any]:
+    """The whole configuration, as it would be stored; raises ServiceError naming a field."""
+    kind = values["kind"]
+    if kind not in ToolServer.Kind.values:
+        raise ServiceError("kind", f"must be one of {', '.join(ToolServer.Kind.values)}")
+    values["url"] = _url(values["url"], "url")
+    key_env = values.get("token_env") or ""
+    if key_env and (len(key_env) > ENV_NAME_MAX or not ENV_NAME.fullmatch(key_env)):
+        raise ServiceError(
+            "token_env",
+            "the NAME of an environment variable (letters, digits, _), never the token itself",
+        )
+    timeout = values["timeout_s"]
+    low, high = TIMEOUT_RANGE
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not low <= timeout <= high
+    ):
+        raise ServiceError("timeout_s", f"must be a number from {low:g} to {high:g}")
+    description = values.get("description") or ""
+    if not isinstance(description, str) or len(description) > DESCRIPTION_MAX:
+        raise ServiceError("description", f"at most {DESCRIPTION_MAX} characters")
+    if kind == ToolServer.Kind.HTTP:
+        if values.get("method") not in METHODS:
+            raise ServiceError("method", f"one of {', '.join(METHODS)}")
+        if not description.strip():
+            raise ServiceError("description", "say what the tool does (the model reads it)")
+        values["parameters"] = _schema(values.get("parameters"))
+        if values.get("effect") not in tool_rules.EFFECT_CLASSES:
+            raise ServiceError("effect", f"one of {', '.join(tool_rules.EFFECT_CLASSES)}")
+        values["verify_url"] = _url(values.get("verify_url"), "verify_url", required=False)
+        if values["verify_url"] and values["effect"] != "external_effect":
+            raise ServiceError("verify_url", "only an external_effect tool is verified")
+        if values.get("effect_overrides"):
+            raise ServiceError("effect_overrides", "an http tool has one effect: set 'effect'")
+    else:
+        for name in ("method", "parameters", "effect", "verify_url"):
+            if values.get(name):
+                raise ServiceError(name, "an mcp server lists its tools; this is for http tools")
+        values["method"], values["parameters"], values["effect"] = "", {}, ""
+        values["verify_url"] = ""
+        overrides = values.get("effect_overrides") or {}
+        if not isinstance(overrides, dict) or any(
+            not isinstance(k, str) or v not in tool_rules.EFFECT_CLASSES
+            for k, v in overrides.items()
+        ):
+            raise ServiceError(
+                "effect_overrides",
+                f"an object of tool name to one of {', '.join(tool_rules.EFFECT_CLASSES)}",
+            )
+    if not isinstance(values["enabled"], bool):
+        raise ServiceError("enabled", "must be true or false")
+    return values
+
+
+def create_tool_server(
+    *, name: str, kind: str, url: str, by: str, now: datetime, **settings: Any
+) -> ToolServer:
+    """A new registry entry; its listing (mcp) is recorded by ``tool_registry``."""
+    allowed = {"token_env", "method", "description", "parameters", "effect", "verify_url",
+               "timeout_s", "enabled", "effect_overrides"}  # fmt: skip
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise ServiceError(unknown[0], "is not a tool setting")
+    if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
+        raise ServiceError(
+            "name", "1 to 40 letters, digits, '-' or single '_' (no '.': its tools are name.tool)"
+        )
+    if name in BUILTIN_TOOL_NAMES:
+        raise ServiceError("name", f"{name!r} is a built-in tool")
+    values = _check(
+        {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **settings,
+         "kind": kind, "url": url}
+    )  # fmt: skip
+    values = {k: ("" if v is None and k != "parameters" else v) for k, v in values.items()}
+    try:
+        with transaction.atomic():
+            server = ToolServer.objects.create(name=name, **values)
+            audit(
+                actor=by, action="tool.create", target_type="tool", target_id=name,
+                reason="", detail={k: v for k, v in values.items() if k != "parameters"}, now=now,
+            )  # fmt: skip
+    except IntegrityError:
+        raise ToolServerExists("name", f"a tool {name!r} exists already") from None
+    return server
+
+
+def update_tool_server(
+    name: str, *, by: str, now: datetime, reason: str = "", **changes: Any
+) -> tuple[ToolServer, list[str]]:
+    """Change the ``EDITABLE`` fields given; returns the row and what changed.
+    Raises ``ToolServer.DoesNotExist`` for an unknown name."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise ServiceError(unknown[0], "is not a setting that can be changed")
+    with transaction.atomic():
+        server = ToolServer.objects.select_for_update().get(name=name)
+        before = {f: getattr(server, f) for f in ("kind", "url", "method", "parameters",
+                                                   "effect", *EDITABLE)}  # fmt: skip
+        after = _check({**before, **changes})
+        overrides = after.get("effect_overrides") or {}
+        listed = {t["name"] for t in server.listed_tools}
+        strangers = sorted(set(overrides) - listed)
+        if strangers and "effect_overrides" in changes:
+            raise ServiceError("effect_overrides", f"{name} lists no tool named {strangers[0]!r}")
+        changed = [f for f in EDITABLE if after[f] != before[f]]
+        if not changed:
+            return server, []
+        for f in changed:
+            setattr(server, f, after[f])
+        server.save(update_fields=[*changed, "updated_at"])
+        audit(
+            actor=by, action="tool.update", target_type="tool", target_id=name, reason=reason,
+            detail={"before": {f: before[f] for f in changed},
+                    "after": {f: after[f] for f in changed}},
+            now=now,
+        )  # fmt: skip
+    return server, changed
+
+
+def normalized_listing(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A server's ``tools/list`` as the registry keeps it, in name order."""
+    rows = []
+    for tool in tools:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name or len(name) > 128 or "\x00" in name:
+            continue  # not a name anything could call
+        schema = tool.get("input_schema")
+        rows.append(
+            {
+                "name": name,
+                "description": str(tool.get("description") or "")[:DESCRIPTION_MAX],
+                "input_schema": schema if isinstance(schema, dict) else {"type": "object"},
+                "annotations": dict(tool.get("annotations") or {}),
+            }
+        )
+    return sorted(rows, key=lambda row: row["name"])
+
+
+def store_listing(
+    name: str, tools: Sequence[Mapping[str, Any]] | None, now: datetime, error: str = ""
+) -> tuple[ToolServer, bool]:
+    """Keep a server's listing (``tools`` None with ``error``: it could not be
+    listed, the last listing stays). Returns (server, schemas changed); a change
+    bumps ``schema_version``. Call inside the caller's transaction."""
+    server = ToolServer.objects.select_for_update().get(name=name)
+    if tools is None:
+        server.list_error = error[:2000]
+        server.save(update_fields=["list_error", "updated_at"])
+        return server, False
+    listing = normalized_listing(tools)
+    fingerprint = tool_rules.schema_fingerprint(listing)
+    changed = fingerprint != server.schema_fingerprint
+    server.listed_tools, server.listed_at, server.list_error = listing, now, ""
+    fields = ["listed_tools", "listed_at", "list_error", "updated_at"]
+    if changed:
+        server.schema_fingerprint = fingerprint
+        server.schema_version += 1
+        fields += ["schema_fingerprint", "schema_version"]
+    server.save(update_fields=fields)
+    return server, changed
+
+
+# --------------------------------------------------------------------------- surfaces
+
+
+def _servers(names: Sequence[str]) -> dict[str, ToolServer]:
+    return {s.name: s for s in ToolServer.objects.filter(name__in=set(names))}
+
+
+def surface_problem(tool_surface: Sequence[str]) -> str | None:
+    """Why a thread may not have this tool surface (None: it may). Each entry
+    is a built-in, an enabled HTTP tool, ``"{server}.*"`` or a listed
+    ``"{server}.{tool}"`` of an enabled MCP server."""
+    if len(tool_surface) > SURFACE_MAX:
+        return f"at most {SURFACE_MAX} entries"
+    servers = _servers([tool_rules.split_tool_name(e)[0] for e in tool_surface])
+    unknown = []
+    for entry in tool_surface:
+        if entry in BUILTIN_TOOL_NAMES:
+            continue
+        server_name, tool = tool_rules.split_tool_name(entry)
+        server = servers.get(server_name)
+        if server is None:
+            unknown.append(entry)
+        elif not server.enabled:
+            return f"{server_name} is disabled in the tool registry"
+        elif tool is None:
+            if server.kind != ToolServer.Kind.HTTP:
+                return f"{entry} is an MCP server: name {entry}.* or one of its tools"
+        elif server.kind != ToolServer.Kind.MCP:
+            return f"{server_name} is an http tool: name it alone"
+        elif entry != f"{server_name}{SURFACE_WILDCARD}" and tool not in {
+            t["name"] for t in server.listed_tools
+        }:
+            return f"{server_name} lists no tool named {tool!r}"
+    if unknown:
+        return f"unknown tool(s): {', '.join(sorted(unknown))}"
+    return None
+
+
+def _tool(server: ToolServer, listed: Mapping[str, Any] | None) -> RegistryTool:
+    if server.kind == ToolServer.Kind.HTTP:
+        return RegistryTool(
+            name=server.name, server=server.name, kind=server.kind, tool=server.name,
+            description=server.description, parameters=server.parameters or {"type": "object"},
+            effect_class=server.effect, schema_version=server.schema_version, annotations={},
+        )  # fmt: skip
+    assert listed is not None
+    return RegistryTool(
+        name=tool_rules.registry_tool_name(server.name, listed["name"]),
+        server=server.name,
+        kind=server.kind,
+        tool=listed["name"],
+        description=listed.get("description") or "",
+        parameters=listed.get("input_schema") or {"type": "object"},
+        effect_class=tool_rules.effect_class(
+            listed.get("annotations"), (server.effect_overrides or {}).get(listed["name"])
+        ),
+        schema_version=server.schema_version,
+        annotations=dict(listed.get("annotations") or {}),
+    )
+
+
+def server_tools(server: ToolServer) -> list[RegistryTool]:
+    """Every tool a registry entry offers (its cached listing, for mcp)."""
+    if server.kind == ToolServer.Kind.HTTP:
+        return [_tool(server, None)]
+    return [_tool(server, listed) for listed in server.listed_tools]
+
+
+def surface_tools(tool_surface: Sequence[str]) -> list[RegistryTool]:
+    """The registry tools a surface offers now (enabled servers only), in name order."""
+    servers = _servers([tool_rules.split_tool_name(e)[0] for e in tool_surface])
+    enabled = {n: s for n, s in servers.items() if s.enabled}
+    listed = {
+        n: [t["name"] for t in s.listed_tools]
+        for n, s in enabled.items()
+        if s.kind == ToolServer.Kind.MCP
+    }
+    wanted = set(tool_rules.surface_names(tool_surface, listed))
+    tools = [t for s in enabled.values() for t in server_tools(s) if t.name in wanted]
+    return sorted(tools, key=lambda t: t.name)
+
+
+def registry_tool(name: str) -> RegistryTool | None:
+    """The enabled registry tool called ``name``, or None."""
+    server_name, tool = tool_rules.split_tool_name(name)
+    server = ToolServer.objects.filter(name=server_name, enabled=True).first()
+    if server is None:
+        return None
+    if server.kind == ToolServer.Kind.HTTP:
+        return _tool(server, None) if tool is None else None
+    for listed in server.listed_tools:
+        if listed["name"] == tool:
+            return _tool(server, listed)
+    return None
+
+
+def surface_schemas(tool_surface: Sequence[str]) -> str:
+    """The fingerprint of the registry schemas a surface sees ("" when it names
+    none): stored on the segment, so a change of them is a boundary (R1.3)."""
+    tools = surface_tools(tool_surface)
+    if not tools:
+        return ""
+    return tool_rules.schema_fingerprint(
+        {"name": t.name, "description": t.description, "input_schema": t.parameters,
+         "annotations": t.annotations}
+        for t in tools
+    )  # fmt: skip
