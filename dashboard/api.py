@@ -269,6 +269,11 @@ def run_json(run: Run) -> dict[str, Any]:
                 "effect": receipt.effect,
                 "verified_at": _iso(receipt.verified_at),
                 "error": receipt.error or None,
+                # A registry tool's (issue 11): its server, schema version and effect class.
+                "server": receipt.server or None,
+                "schema_version": receipt.schema_version,
+                "effect_class": receipt.effect_class or None,
+                "latency_ms": receipt_latency_ms(receipt),
             }
             for receipt in run.receipts.all()
         ],
@@ -538,6 +543,13 @@ def acknowledge_notification(request: HttpRequest, notification_id: str) -> Json
     except (ValueError, Notification.DoesNotExist):
         raise ApiError(404, None, "no such notification") from None
     return JsonResponse({**notification_json(notification), "acknowledged_now": changed})
+
+
+def receipt_latency_ms(receipt) -> int | None:
+    """From the receipt written before the call to its result (None: not finished)."""
+    if receipt.finished_at is None:
+        return None
+    return max(0, round((receipt.finished_at - receipt.created_at).total_seconds() * 1000))
 
 
 def _key_present(name: str) -> bool:

@@ -399,6 +399,11 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     for attempt in attempts:
         attempt.started = moment(attempt.started_at, origin)
     for receipt in receipts:
+        receipt.latency_ms = (
+            round((receipt.finished_at - receipt.created_at).total_seconds() * 1000)
+            if receipt.finished_at
+            else None
+        )
         receipt.opened = moment(receipt.created_at, origin)
         receipt.finished = moment(receipt.finished_at, origin)
         receipt.verified = moment(receipt.verified_at, origin)

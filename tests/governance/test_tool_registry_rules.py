@@ -50,7 +50,7 @@ def test_r6_2_call_ends_as_effects(end, external, read_only):
     [(200, "result"), (204, "result"), (404, "tool_error"), (500, "tool_error"),
      (502, "no_answer"), (504, "no_answer"), (302, "no_answer")],
 )  # fmt: skip
-def test_http_status_reads_like_the_webhook_table(status, end):
+def test_r6_2_http_status_reads_like_the_webhook_table(status, end):
     assert rules.http_status_end(status) == end
 
 
@@ -77,7 +77,7 @@ def test_r1_3_same_names_other_schemas_is_a_tool_surface_change():
     assert SegmentConfig(model="m").fingerprint() == SegmentConfig(model="m").fingerprint()
 
 
-def test_schema_fingerprint_ignores_order_and_sees_every_schema_change():
+def test_r1_3_schema_fingerprint_ignores_order_and_sees_every_schema_change():
     a = {"name": "a", "input_schema": {"type": "object"}}
     b = {"name": "b", "input_schema": {"type": "object"}}
     assert rules.schema_fingerprint([a, b]) == rules.schema_fingerprint([b, a])
@@ -87,7 +87,7 @@ def test_schema_fingerprint_ignores_order_and_sees_every_schema_change():
     assert rules.schema_fingerprint([a, b]) != rules.schema_fingerprint([a, hinted])
 
 
-def test_wire_names_keep_readable_names_and_read_back():
+def test_r1_1_wire_names_keep_readable_names_and_read_back():
     mapping = rules.wire_names(["calculator", "files.read", "files.list-all", "git.log/tail"])
     assert mapping["calculator"] == "calculator"
     assert mapping["files.read"] == "files__read"
@@ -99,7 +99,7 @@ def test_wire_names_keep_readable_names_and_read_back():
 
 
 @given(st.lists(st.text(min_size=1, max_size=150), max_size=20))
-def test_wire_names_are_always_valid_distinct_and_reversible(names):
+def test_r1_1_wire_names_are_always_valid_distinct_and_reversible(names):
     mapping = rules.wire_names(names)
     assert set(mapping) == set(names)
     assert len(set(mapping.values())) == len(mapping)

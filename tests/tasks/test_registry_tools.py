@@ -209,3 +209,25 @@ def test_an_mcp_tool_has_no_verification_contract():
     receipt = type("R", (), {"server": "files", "tool": "files.write", "idempotency_key": "k"})
     result, verifiable = registry_tools.verify(receipt)
     assert result.effect == "unknown" and verifiable is False
+
+
+def test_the_readme_example_server_registers_with_its_effect_classes():
+    from tasks.example_mcp_server import build
+
+    with UvicornThread(build().streamable_http_app()) as running:
+        server = tool_servers.create_tool_server(
+            name="example", kind="mcp", url=f"http://127.0.0.1:{running.port}/mcp",
+            by="test", now=T0,
+        )  # fmt: skip
+        listing = mcp_client.list_tools(server)
+        tool_registry.record_listing("example", listing.tools, T0)
+        effects = {t.name: t.effect_class for t in tool_servers.surface_tools(["example.*"])}
+        assert effects == {
+            "example.add_note": "external_effect",
+            "example.list_notes": "read_only",
+            "example.read_note": "read_only",
+        }
+        read = registry_tools.run(
+            tool("example.read_note"), {"title": "welcome"}, idempotency_key="k", now=T0
+        )
+        assert read.effect == "succeeded" and "example MCP server" in read.output["content"]
