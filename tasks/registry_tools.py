@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from governance.models import ToolReceipt, ToolServer
 from governance.rules import tools as tool_rules
@@ -61,21 +62,34 @@ def _token(server: ToolServer) -> str | None:
     return settings.GOVERNANCE_NAMED_SECRET(server.token_env) if server.token_env else None
 
 
-def run(tool: RegistryTool, arguments: Any, *, idempotency_key: str, now) -> ToolResult:
-    """Run one registry tool call; a listing the server announced as changed
-    during the call is recorded (a tool-surface boundary for the threads that
-    see it, R1.3)."""
+def run(
+    tool: RegistryTool,
+    arguments: Any,
+    *,
+    idempotency_key: str,
+    now,
+    limit_s: float | None = None,
+) -> ToolResult:
+    """Run one registry tool call, waiting at most the server's timeout (and
+    ``limit_s``, what the run's clocks leave, R6.1); a listing the server
+    announced as changed during the call is recorded (a tool-surface boundary
+    for the threads that see it, R1.3)."""
     external = tool.external
     if not isinstance(arguments, dict) or (problem := argument_problem(tool.parameters, arguments)):
         problem = problem if isinstance(arguments, dict) else "the arguments must be an object"
         return ToolResult("failed", {"request_sent": False}, f"{tool.name}: {problem}", external)
     server = ToolServer.objects.get(name=tool.server)
+    timeout_s = server.timeout_s if limit_s is None else max(min(server.timeout_s, limit_s), 0.001)
     if server.kind == ToolServer.Kind.HTTP:
+        try:
+            token = _token(server)
+        except ImproperlyConfigured as exc:  # nothing was sent
+            return ToolResult("failed", {"request_sent": False}, f"{tool.name}: {exc}", external)
         return http_tool(
             arguments, url=server.url, method=server.method, effect_class=tool.effect_class,
-            idempotency_key=idempotency_key, timeout_s=server.timeout_s, token=_token(server),
+            idempotency_key=idempotency_key, timeout_s=timeout_s, token=token,
         )  # fmt: skip
-    outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=server.timeout_s)
+    outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
     if outcome.relisted is not None:
         tool_registry.record_listing(
             server.name, outcome.relisted, now, why="the server said its tool list changed"

@@ -18,6 +18,7 @@ from typing import Any
 from governance import time_source
 from governance.models import Run, Stage
 from governance.rules import tools as tool_rules
+from governance.rules.run_clocks import attempt_allowance
 from governance.services import budget as ledger
 from governance.services import receipts, tool_servers
 from governance.services import stages as stage_service
@@ -91,7 +92,16 @@ def _admit_and_run(
         if not admission.admitted:
             return "refused", None, need.refused_words
     if registry is not None:
-        result = registry_tools.run(registry, call["arguments"], idempotency_key=key, now=now)
+        # R6.1: no call may wait past the stage budget, the deadline or the no-progress limit.
+        allowance = attempt_allowance(
+            now=now, stage_budget_s=run.stage_budget_s, deadline_at=run.deadline_at,
+            run_started_at=run.created_at, last_progress_at=run.last_progress_at,
+            no_progress_limit_s=run.no_progress_limit_s,
+        )  # fmt: skip
+        result = registry_tools.run(
+            registry, call["arguments"], idempotency_key=key, now=now,
+            limit_s=min(allowance.budget_s, allowance.no_progress_s),
+        )  # fmt: skip
     else:
         result = run_tool(call["name"], call["arguments"], idempotency_key=key)
     return result.effect, result.output, result.error

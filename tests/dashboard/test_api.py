@@ -842,8 +842,14 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "effect": "succeeded",
             "verified_at": None,
             "error": None,
+            # A built-in: no registry server, schema version or effect class (issue 11).
+            "server": None,
+            "schema_version": None,
+            "effect_class": None,
+            "latency_ms": body["receipts"][0]["latency_ms"],
         }
     ]
+    assert body["receipts"][0]["latency_ms"] >= 0
     assert [c["chunk_no"] for c in body["chunks"]] == [1, 2]
     assert [c["final"] for c in body["chunks"]] == [False, True]
     assert all(c["committed_at"] and c["sent_at"] is None for c in body["chunks"])

@@ -30,7 +30,7 @@ from dashboard import errors
 from dashboard.api import token_digest
 from dashboard.urls import api_patterns, urlpatterns
 from governance import services, time_source
-from governance.models import ApiToken, Provider, Run, Thread
+from governance.models import ApiToken, Provider, Run, Thread, ToolServer
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
 
 pytestmark = pytest.mark.django_db
@@ -59,6 +59,8 @@ ENDPOINTS = {
     "api-providers": ("GET, POST", True, True),
     "api-provider": ("GET, PATCH", True, True),
     "api-segment-detail": ("GET", False, True),
+    "api-tools": ("GET, POST", True, True),
+    "api-tool": ("GET, PATCH", True, True),
     "api-openapi": ("GET", False, False),
 }
 OPTIONAL = {"api-openapi"}
@@ -108,7 +110,13 @@ def user(django_user_model):
     the_user = django_user_model.objects.create_user("errors-operator")
     the_user.user_permissions.add(
         *Permission.objects.filter(
-            codename__in=["apply_boundary", "submit_run", "cancel_run", "change_provider"]
+            codename__in=[
+                "apply_boundary",
+                "submit_run",
+                "cancel_run",
+                "change_provider",
+                "change_toolserver",
+            ]
         )
     )
     ApiToken.objects.create(user=the_user, name="t", key_digest=token_digest(TOKEN))
@@ -118,6 +126,7 @@ def user(django_user_model):
 @pytest.fixture
 def thread(user):
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    ToolServer.objects.create(name="files", kind="mcp", url="http://127.0.0.1:9/mcp")
     return services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
 
 
@@ -134,6 +143,7 @@ def api_urls(thread, run) -> dict[str, str]:
         "run_id": str(run.id),
         "notification_id": "1",
         "provider_id": "p",
+        "name": "files",
         "segment_key": quote(services.open_segment(thread).key, safe=""),
     }
     paths = {}

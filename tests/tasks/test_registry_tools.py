@@ -231,3 +231,46 @@ def test_the_readme_example_server_registers_with_its_effect_classes():
             tool("example.read_note"), {"title": "welcome"}, idempotency_key="k", now=T0
         )
         assert read.effect == "succeeded" and "example MCP server" in read.output["content"]
+
+
+def test_bearer_tokens_are_named_by_their_variable_and_sent(http_server, monkeypatch):
+    monkeypatch.setenv("WEATHER_TOKEN", "s3cret-weather")
+    register_http(
+        "weather", http_server.url + "/weather", method="GET", description="Weather",
+        parameters=WEATHER_SCHEMA, effect="read_only", token_env="WEATHER_TOKEN",
+    )  # fmt: skip
+    result = registry_tools.run(tool("weather"), {"city": "Rome"}, idempotency_key="k", now=T0)
+    assert result.effect == "succeeded"
+    (seen,) = http_server.handler.seen
+    assert seen["headers"]["Authorization"] == "Bearer s3cret-weather"
+
+
+def test_the_mcp_client_sends_the_named_bearer_token(monkeypatch):
+    monkeypatch.setenv("FILES_TOKEN", "s3cret-files")
+    seen: list[dict] = []
+    app = files_server(McpRecord()).streamable_http_app()
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await app(scope, receive, send)
+
+    with UvicornThread(recording) as running:
+        server = tool_servers.create_tool_server(
+            name="files", kind="mcp", url=f"http://127.0.0.1:{running.port}/mcp",
+            by="test", now=T0, token_env="FILES_TOKEN",
+        )  # fmt: skip
+        assert mcp_client.list_tools(server).tools
+    assert seen and all(h.get("authorization") == "Bearer s3cret-files" for h in seen)
+
+
+def test_a_call_never_waits_longer_than_the_run_allows(mcp_server):
+    url, record = mcp_server
+    register_files(url)  # the server allows 1 s
+    started = datetime.now(UTC)
+    result = registry_tools.run(
+        tool("files.slow_send"), {"n": 3}, idempotency_key="k", now=T0, limit_s=0.3
+    )
+    assert (datetime.now(UTC) - started).total_seconds() < 0.9
+    assert result.effect in ("unknown", "failed")  # sent and cut, or cut before it left
+    assert result.effect == "unknown" if record.hangs == [3] else result.effect == "failed"
