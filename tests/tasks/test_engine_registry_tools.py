@@ -151,3 +151,39 @@ def test_r6_4_an_external_mcp_tool_that_times_out_is_settled_unknown_not_replaye
     assert settlement.outcome != "completed"
     assert receipt["idempotency_key"] in json.dumps(settlement.unknown_effects)
     assert len(model.requests) == 1  # the model was not asked to go on as if it had worked
+
+
+def test_r6_4_an_http_tool_whose_answer_was_lost_is_verified_by_key_not_replayed(
+    api, worker, manual_clock, model, django_user_model
+):
+    from tests.tool_servers import HttpToolServer
+
+    user = django_user_model.objects.get(username="engine")
+    user.user_permissions.add(Permission.objects.get(codename="change_toolserver"))
+    with HttpToolServer() as tools:
+        tools.handler.drop_first_answer = True  # it acts, and the answer is lost
+        api.post(
+            "/api/v1/tools",
+            {"name": "notify", "kind": "http", "url": tools.url + "/send", "method": "POST",
+             "description": "Notify a team", "effect": "external_effect",
+             "parameters": {"type": "object", "properties": {"to": {"type": "string"}},
+                            "required": ["to"]},
+             "verify_url": tools.url + "/verify"},
+            expect=201,
+        )  # fmt: skip
+        thread = api.post(
+            "/api/v1/threads", {"provider_chain": ["oa"], "tool_surface": ["notify"]}, expect=201
+        ).json()
+        model.tool, model.arguments = "notify", {"to": "ops"}
+        run = api.run_and_wait(thread["id"], "Tell ops")
+        posts = [s for s in tools.handler.seen if s["method"] == "POST"]
+        gets = [s for s in tools.handler.seen if s["method"] == "GET"]
+
+    (receipt,) = run["receipts"]
+    assert len(posts) == 1  # never replayed: the verification proved it happened
+    assert posts[0]["headers"]["Idempotency-Key"] == receipt["idempotency_key"]
+    assert [g["query"]["idempotency_key"] for g in gets] == [receipt["idempotency_key"]]
+    assert receipt["effect"] == "succeeded" and receipt["verified_at"]
+    assert receipt["server"] == "notify" and receipt["effect_class"] == "external_effect"
+    assert [d["path"] for d in run["lifecycle"]][:3] == ["continue", "verify_effect", "continue"]
+    assert run["settlement"]["outcome"] == "completed"
