@@ -862,6 +862,12 @@ def next_path(run: RunFacts) -> Decision:
         )
     for kind, code, text in _OBJECTIVE_STOPS:
         if _has(facts, kind):
+            if unknown:  # R6.4: said plainly, never counted as done
+                text += (
+                    f" {len(unknown)} effect(s) stay unknown and were not replayed: "
+                    + ", ".join(unknown)
+                    + "."
+                )
             return _settle(run, _stop_outcome(facts), code, text, unknown)
     if _has(facts, FactKind.PLANNING_FAILED):
         return _settle(

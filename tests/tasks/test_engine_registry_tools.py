@@ -151,6 +151,8 @@ def test_r6_4_an_external_mcp_tool_that_times_out_is_settled_unknown_not_replaye
     assert settlement.outcome != "completed"
     assert receipt["idempotency_key"] in json.dumps(settlement.unknown_effects)
     assert len(model.requests) == 1  # the model was not asked to go on as if it had worked
+    assert "stay unknown and were not replayed" in settlement.reason
+    assert receipt["idempotency_key"] in settlement.reason
 
 
 def test_r6_4_an_http_tool_whose_answer_was_lost_is_verified_by_key_not_replayed(
