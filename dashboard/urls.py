@@ -14,6 +14,7 @@ from dashboard import (
     stream_views,
     token_views,
     tool_api,
+    tool_views,
     views,
 )
 
@@ -60,6 +61,7 @@ urlpatterns = [
     path("reports/delivery/", report_views.delivery_report, name="report"),
     path("reports/delivery.csv", report_views.delivery_report_csv, name="report-csv"),
     path("providers/", provider_views.providers, name="providers"),
+    path("tools/", tool_views.tools, name="tools"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("docs/api/", openapi.api_reference, name="api-reference"),
     path("tokens/", token_views.tokens, name="tokens"),

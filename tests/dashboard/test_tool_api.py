@@ -10,10 +10,13 @@ import json
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
+from governance import time_source
 from governance.models import ApiToken, AuditEntry, Provider, Segment, ToolServer
+from governance.services import tool_servers
 from governance.services.tokens import token_digest
 from tests.tool_servers import McpRecord, UvicornThread, files_server
 
@@ -228,3 +231,18 @@ def test_cli_bad_input_is_one_line_and_fails(args, words):
         run(*args)
     message = str(caught.value)
     assert words in message and "\n" not in message
+
+
+def test_the_tools_page_shows_the_registry_with_effect_classes(client, reader, mcp_url):
+    run("add", "files", "--kind", "mcp", "--url", mcp_url)
+    tool_servers.create_tool_server(
+        name="gone", kind="mcp", url="http://127.0.0.1:9/mcp", by="t", now=time_source.now()
+    )
+    client.force_login(get_user_model().objects.get(username="tool-reader"))
+    page = client.get("/tools/").content.decode()
+    assert 'href="/tools/" aria-current="page"' in page
+    assert "files.read" in page and "files__read" in page and "read-only" in page
+    assert "files.write" in page and "external effect" in page
+    assert "No tools listed yet." in page  # gone: never listed
+    client.logout()
+    assert client.get("/tools/").status_code == 302  # logged-in people only
