@@ -241,6 +241,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("GOVERNANCE_ESCALATION_CHECK_SECONDS", 60, minimum=1)),
         "options": {"expires": 120},
     },
+    # Issue 11: list the MCP servers again, for list changes announced while no
+    # session of ours was open (a change is a tool-surface boundary, R1.3).
+    "relist-tools": {
+        "task": "tasks.registry_tools.relist_tools",
+        "schedule": float(env_int("GOVERNANCE_TOOL_RELIST_SECONDS", 300, minimum=10)),
+        "options": {"expires": 600},
+    },
 }
 
 # --- Governance rules ---

@@ -21,6 +21,7 @@ app.conf.include = [
     "tasks.span_store",
     "tasks.callbacks",
     "tasks.alerts",
+    "tasks.registry_tools",
 ]
 
 

@@ -11,12 +11,15 @@ SDK) or the HTTP endpoint (``tasks.tools.http_tool``), and reports a
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jsonschema
+from celery import shared_task
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from governance import time_source
 from governance.models import ToolReceipt, ToolServer
 from governance.rules import tools as tool_rules
 from governance.services import tool_registry, tool_servers
@@ -26,6 +29,7 @@ from tasks.adapters.base import ToolSpec
 from tasks.tools import TOOL_SPECS, ToolResult, http_tool, verify_webhook
 
 MAX_SCHEMA_ERRORS = 3
+logger = logging.getLogger(__name__)
 
 
 def offered_specs(names: tuple[str, ...]) -> tuple[tuple[ToolSpec, ...], dict[str, str]]:
@@ -91,9 +95,12 @@ def run(
         )  # fmt: skip
     outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
     if outcome.relisted is not None:
-        tool_registry.record_listing(
-            server.name, outcome.relisted, now, why="the server said its tool list changed"
-        )
+        try:
+            tool_registry.record_listing(
+                server.name, outcome.relisted, now, why="the server said its tool list changed"
+            )
+        except Exception:  # R4.2: bookkeeping of the listing never changes the call's fact
+            logger.exception("recording the new listing of %s failed", server.name)
     effect = tool_rules.call_effect(outcome.end, tool.effect_class)
     return ToolResult(effect, outcome.output, outcome.error, external)  # type: ignore[arg-type]
 
@@ -115,3 +122,26 @@ def verify(receipt: ToolReceipt) -> tuple[ToolResult, bool]:
         timeout_s=server.timeout_s,
     )  # fmt: skip
     return result, True
+
+
+@shared_task(name="tasks.registry_tools.relist_tools", ignore_result=True)
+def relist_tools() -> dict[str, int]:
+    """List every enabled MCP server again (beat, ``GOVERNANCE_TOOL_RELIST_SECONDS``):
+    a change announced while no session of ours was open is caught here. A
+    server that does not answer keeps its last listing and says why."""
+    changed = failed = 0
+    for server in ToolServer.objects.filter(kind=ToolServer.Kind.MCP, enabled=True):
+        listing = mcp_client.list_tools(server)
+        before = server.schema_version
+        try:
+            after, _opened = tool_registry.record_listing(
+                server.name, listing.tools, time_source.now(), error=listing.error,
+                why="listed again on schedule",
+            )  # fmt: skip
+        except Exception:  # one server's trouble does not stop the others
+            logger.exception("recording the listing of %s failed", server.name)
+            failed += 1
+            continue
+        failed += listing.tools is None
+        changed += after.schema_version != before
+    return {"changed": changed, "failed": failed}

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from governance import services
+from governance import services, time_source
 from governance.models import Provider, Segment, ToolServer
 from governance.services import tool_registry, tool_servers
 from tasks import mcp_client, registry_tools
@@ -274,3 +274,24 @@ def test_a_call_never_waits_longer_than_the_run_allows(mcp_server):
     assert (datetime.now(UTC) - started).total_seconds() < 0.9
     assert result.effect in ("unknown", "failed")  # sent and cut, or cut before it left
     assert result.effect == "unknown" if record.hangs == [3] else result.effect == "failed"
+
+
+def test_r1_3_the_scheduled_relisting_catches_a_change_made_between_sessions():
+    record = McpRecord()
+    server_app = files_server(record)
+    with UvicornThread(server_app.streamable_http_app()) as running:
+        register_files(f"http://127.0.0.1:{running.port}/mcp")
+        Provider.objects.create(provider_id="p", kind="scripted", model="m", script={})
+        thread = services.create_thread(
+            provider_chain=["p"], tool_surface=["files.*"], now=time_source.now()
+        )
+        assert registry_tools.relist_tools() == {"changed": 0, "failed": 0}
+        server_app.add_tool(lambda: "later", name="later", description="Added between calls")
+        assert registry_tools.relist_tools() == {"changed": 1, "failed": 0}
+    assert "later" in [t["name"] for t in ToolServer.objects.get(name="files").listed_tools]
+    segment = services.open_segment(thread)
+    assert segment.segment_no == 2
+    assert "on schedule" in Segment.objects.get(next_segment=segment).close_reason
+    # The server is gone now: its last listing stays, and the failure is said.
+    assert registry_tools.relist_tools() == {"changed": 0, "failed": 1}
+    assert ToolServer.objects.get(name="files").list_error
