@@ -216,6 +216,7 @@ def run_json(run: Run) -> dict[str, Any]:
         settlement = run.settlement
     except Run.settlement.RelatedObjectDoesNotExist:
         settlement = None
+    chunks = list(run.chunks.all())
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
@@ -286,9 +287,9 @@ def run_json(run: Run) -> dict[str, Any]:
                 "sent_at": _iso(chunk.sent_at),
                 "observed_at": _iso(chunk.observed_at),
             }
-            for chunk in run.chunks.all()
+            for chunk in chunks
         ],
-        "body": "".join(chunk.text for chunk in run.chunks.all() if chunk.committed_at),
+        "body": "".join(chunk.text for chunk in chunks if chunk.committed_at),
         "settlement": (
             {
                 "outcome": settlement.outcome,
@@ -365,7 +366,9 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
 @api_view(("GET",))
 def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
     try:
-        run = Run.objects.select_related("segment").get(id=_uuid(run_id, "run"))
+        run = Run.objects.select_related("segment", "settlement", "budget").get(
+            id=_uuid(run_id, "run")
+        )
     except Run.DoesNotExist:
         raise ApiError(404, None, "no such run") from None
     return JsonResponse(run_json(run))

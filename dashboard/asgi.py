@@ -2,10 +2,34 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-django_application = get_asgi_application()
+
+
+class SyncChainASGIHandler(ASGIHandler):
+    """Django's ASGI handler with the middleware chain and the view run as
+    one synchronous call, in the request's own thread.
+
+    Django runs an ASGI request's middleware async when it can, and its
+    built-in middleware then send each process_request and process_response
+    through sync_to_async: a dozen thread hops per request, ≈2.5 ms of a 3 ms
+    404 on two cores. Every middleware here can run sync, so the chain runs
+    the way WSGI runs it. An async view (the SSE stream) is still awaited on
+    the event loop and its async body is streamed there.
+    """
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        super().load_middleware(is_async=False)
+
+    async def get_response_async(self, request):
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+django.setup(set_prefix=False)
+django_application = SyncChainASGIHandler()
 
 from django.conf import settings  # noqa: E402  (needs settings loaded)
 

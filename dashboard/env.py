@@ -175,7 +175,7 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
         except ValueError:
             raise ImproperlyConfigured(f"DATABASE_URL has a bad port: {url!r}") from None
         return {
-            "ENGINE": "django.db.backends.postgresql",
+            "ENGINE": "dashboard.postgresql",
             "NAME": name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
@@ -188,9 +188,10 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
             ),
             # A pool holds the connections itself (Django requires CONN_MAX_AGE 0).
             "CONN_MAX_AGE": 0 if pool_max_size else 60,
-            # With a pool this is psycopg_pool's check: a connection is tried
-            # before it is handed out, so the idle ones a PostgreSQL restart
-            # broke are replaced instead of failing one stage each.
+            # With a pool, each connection is checked before it is handed out
+            # (dashboard.postgresql: its socket, a query only when the server
+            # spoke), so the idle ones a PostgreSQL restart broke are replaced
+            # instead of failing one stage each.
             "CONN_HEALTH_CHECKS": True,
         }
     if scheme == "sqlite":

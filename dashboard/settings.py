@@ -123,6 +123,9 @@ else:
         }
     }
 
+# Django's model backend, with a user's permissions read in one query.
+AUTHENTICATION_BACKENDS = ["dashboard.permissions.RolePermissionsBackend"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -72,12 +72,6 @@ def submit_run(
     """
     if not isinstance(input, str) or not input.strip():
         raise ServiceError("input", "say what the run should do")
-    if idempotency_key:
-        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
-        if existing is not None:
-            if existing.thread_id != thread.id:
-                raise ServiceError("idempotency_key", "already used for another thread")
-            return existing, None, False
     merged = dict(settings.RUN_DEFAULT_BUDGET)
     for name, value in (limits or {}).items():
         if name not in merged:
@@ -144,12 +138,16 @@ def submit_run(
         with transaction.atomic():
             return admit_new()
     except IntegrityError:
-        # Another request with the same key got there first: answer with its run.
-        if idempotency_key and (
-            existing := Run.objects.filter(idempotency_key=idempotency_key).first()
-        ):
-            return existing, None, False
-        raise
+        # The key was used before (or by a request racing this one): the run
+        # it admitted is the answer. Asking first would cost every new run a read.
+        existing = (
+            Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
+        )
+        if existing is None:
+            raise
+        if existing.thread_id != thread.id:
+            raise ServiceError("idempotency_key", "already used for another thread") from None
+        return existing, None, False
 
 
 def enqueue_stage(
@@ -176,9 +174,11 @@ def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | No
 
 
 def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
+    # The thread is locked with the stage: it serialises a model turn's gate
+    # (rules.claims.turn_may_start) with the closes that wake waiting turns.
     stage = (
-        Stage.objects.select_for_update(of=("self",))
-        .select_related("run", "run__thread", "run__segment")
+        Stage.objects.select_for_update(of=("self", "run__thread"))
+        .select_related("run", "run__thread", "run__segment", "run__segment__session")
         .filter(id=stage_id)
         .first()
     )

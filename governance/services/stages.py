@@ -140,8 +140,8 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
         run.status = Run.Status.RUNNING
     if stage.kind not in MODEL_STAGES or run.status == Run.Status.SETTLED:
         return StageStart(stage)
-    # The thread row serialises the gate with the closes that wake waiting turns.
-    Thread.objects.select_for_update().filter(pk=run.thread_id).first()
+    # The thread row, locked by the claim, serialises the gate with the closes
+    # that wake waiting turns.
     in_flight = (
         Stage.objects.filter(
             run__thread_id=run.thread_id,
@@ -179,10 +179,12 @@ def give_up_claim(stage: Stage, now: datetime) -> None:
         log.warning("stage %s: the database is still away; its lease will run out", stage.id)
 
 
-def wake_next_turn(thread_id: Any, now: datetime) -> int | None:
+def wake_next_turn(thread_id: Any, now: datetime, *, thread_locked: bool = False) -> int | None:
     """In the transaction that closes a thread's turn: the oldest turn waiting
-    behind it is reserved (its lease marks it on its way) and sent on commit."""
-    Thread.objects.select_for_update().filter(pk=thread_id).first()
+    behind it is reserved (its lease marks it on its way) and sent on commit.
+    The thread row is locked first (``thread_locked``: the close holds it)."""
+    if not thread_locked:
+        Thread.objects.select_for_update().filter(pk=thread_id).first()
     waiting = (
         Stage.objects.filter(
             run__thread_id=thread_id,
@@ -223,7 +225,8 @@ class TurnContext:
 def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
     """What a model turn reads, in one read transaction (the claim's, when called in it)."""
     with transaction.atomic(savepoint=False):
-        segment = open_segment(run.thread)
+        # One open segment per thread: the run's, unless a boundary closed it.
+        segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
         history = [
             {
                 "role": role,
@@ -237,12 +240,11 @@ def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
         ]
         providers = {
             p.provider_id: p
-            for p in Provider.objects.filter(provider_id__in=run.thread.provider_chain)
+            for p in Provider.objects.filter(
+                provider_id__in=run.thread.provider_chain
+            ).select_related("health")
         }
-        rows = {
-            row.provider_id: row
-            for row in ProviderHealthState.objects.filter(provider__in=list(providers.values()))
-        }
+        rows = {p.pk: _health_row(p) for p in providers.values()}
         verdicts = {}
         for provider in providers.values():
             if not provider.enabled:
@@ -275,6 +277,13 @@ def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
             delays=reprobe_delays(),
             last_progress_at=run.last_progress_at,  # read with the claim
         )
+
+
+def _health_row(provider: Provider) -> ProviderHealthState | None:
+    try:
+        return provider.health
+    except ProviderHealthState.DoesNotExist:  # no failure recorded yet
+        return None
 
 
 def tool_surface(run: Run) -> tuple[str, ...]:
@@ -353,9 +362,10 @@ def _hold(stage: Stage | None, run: Run) -> Run:
     """
     if stage is None:
         return Run.objects.select_for_update().get(id=run.id)
+    # The thread is locked too: a model turn's close wakes the next turn (wake_next_turn).
     held = (
-        Stage.objects.select_for_update()
-        .select_related("run")
+        Stage.objects.select_for_update(of=("self", "run", "run__thread"))
+        .select_related("run", "run__thread")
         .filter(id=stage.id, finished_at__isnull=True, holder=stage.holder)
         .first()
     )
@@ -439,7 +449,8 @@ def close_stage(
         if progress > run.last_progress_at:
             run.last_progress_at = progress
         if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
-            wake_next_turn(run.thread_id, now)  # the thread's turn is free again
+            # The thread's turn is free again (its row is locked by _hold when a stage closes).
+            wake_next_turn(run.thread_id, now, thread_locked=stage is not None)
         closed.decision = decision = _decide(run, stage, conclusion, now)
         if decision.path is lc.Path.SETTLE:
             row, created = settlement_row(

@@ -78,7 +78,7 @@ def test_database_url_postgres(tmp_path: Path):
     config = database_from_url(
         "postgres://app:p%40ss@db.internal:6543/gov?sslmode=require", base_dir=tmp_path
     )
-    assert config["ENGINE"] == "django.db.backends.postgresql"
+    assert config["ENGINE"] == "dashboard.postgresql"
     assert (config["NAME"], config["USER"], config["PASSWORD"]) == ("gov", "app", "p@ss")
     assert (config["HOST"], config["PORT"]) == ("db.internal", "6543")
     assert config["OPTIONS"] == {"sslmode": "require"}

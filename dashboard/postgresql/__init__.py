@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend with a connection-pool check that costs no query."""
