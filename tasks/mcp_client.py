@@ -15,6 +15,12 @@ facts (``rules.tools.call_effect``):
   after the request was written -> ``no_answer`` (unknown for an
   ``external_effect`` tool: verified, never replayed blindly, R6.2/R6.4).
 
+Every request of a session goes to an address the outbound check passed
+(issue 10), never to a fresh DNS answer: ``_PinnedTransport`` (an httpx2
+transport under the SDK's client) puts the checked IP in the URL and keeps
+the original ``Host`` and, for https, the TLS server name and certificate
+check — as ``tasks.outbound`` does for the webhook tool.
+
 A ``notifications/tools/list_changed`` seen during a session is honoured: the
 tools are listed again in the same session and handed back, for the registry
 to record (``services.tool_registry.record_listing``).
@@ -40,7 +46,12 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from governance.models import ToolServer
 from governance.rules.tools import CallEnd
-from governance.services.outbound import OutboundRefused, UnresolvedHost, destination
+from governance.services.outbound import (
+    Destination,
+    OutboundRefused,
+    UnresolvedHost,
+    destination,
+)
 
 OUTPUT_MAX_CHARS = 16_000
 LIST_TIMEOUT_S = 10.0
@@ -60,6 +71,39 @@ class McpOutcome:
 class McpListing:
     tools: list[dict[str, Any]] | None
     error: str = ""
+
+
+class _PinnedTransport(httpx2.AsyncBaseTransport):
+    """Requests to the checked host go to its checked addresses (the next one
+    only when connecting failed: nothing was sent); any other host is refused."""
+
+    def __init__(self, checked: Destination) -> None:
+        self.checked = checked
+        self.inner = httpx2.AsyncHTTPTransport(retries=0)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        checked = self.checked
+        if request.url.raw_host.decode("ascii").lower() != checked.host or (
+            (request.url.port or checked.port) != checked.port
+        ):
+            raise httpx2.ConnectError(
+                f"{request.url.host} is not the checked host", request=request
+            )
+        original = request.url
+        request.headers["Host"] = checked.url.netloc.decode("ascii")
+        if checked.scheme == "https" and not checked.host_is_address:
+            request.extensions = {**request.extensions, "sni_hostname": checked.host}
+        for n, address in enumerate(checked.addresses):
+            request.url = original.copy_with(host=address)
+            try:
+                return await self.inner.handle_async_request(request)
+            except httpx2.ConnectError:
+                if n == len(checked.addresses) - 1:
+                    raise
+        raise AssertionError("unreachable: destination() returns at least one address")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _headers(server: ToolServer) -> dict[str, str]:
@@ -123,7 +167,9 @@ def _result_output(result: types.CallToolResult) -> dict[str, Any]:
     return output
 
 
-async def _session_run(server: ToolServer, timeout_s: float, work, state: dict) -> Any:
+async def _session_run(
+    server: ToolServer, checked: Destination, timeout_s: float, work, state: dict
+) -> Any:
     """Open one session and run ``work(session)``; ``state["phase"]`` says how
     far it got ("connect", then "call" once the request may have left)."""
     changed = anyio.Event()
@@ -135,7 +181,10 @@ async def _session_run(server: ToolServer, timeout_s: float, work, state: dict) 
     state["changed"] = changed
     async with (
         httpx2.AsyncClient(
-            headers=_headers(server), timeout=httpx2.Timeout(timeout_s), follow_redirects=False
+            headers=_headers(server),
+            timeout=httpx2.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=_PinnedTransport(checked),
         ) as http,
         streamable_http_client(server.url, http_client=http) as (read, write),
         ClientSession(
@@ -146,41 +195,45 @@ async def _session_run(server: ToolServer, timeout_s: float, work, state: dict) 
         return await work(session)
 
 
-def _outbound_problem(url: str) -> str | None:
+def _checked(url: str) -> Destination | str:
+    """The URL's checked destination, or why it may not be called (nothing sent)."""
     try:
-        destination(url)
+        return destination(url)
     except OutboundRefused as exc:
         return exc.reason
     except UnresolvedHost as exc:
         return f"the host does not resolve: {exc}"
-    return None
 
 
 def list_tools(server: ToolServer, *, timeout_s: float = LIST_TIMEOUT_S) -> McpListing:
     """The server's ``tools/list`` (every page), or why it could not be listed."""
-    if problem := _outbound_problem(server.url):
-        return McpListing(None, f"not listed: {problem}")
+    checked = _checked(server.url)
+    if isinstance(checked, str):
+        return McpListing(None, f"not listed: {checked}")
     state: dict[str, Any] = {}
     try:
-        tools = anyio.run(_guarded, server, timeout_s, _list_all, state)
+        tools = anyio.run(_guarded, server, checked, timeout_s, _list_all, state)
     except Exception as exc:
         return McpListing(None, f"not listed: {_words(_root(exc))}")
     return McpListing(tools)
 
 
-async def _guarded(server: ToolServer, timeout_s: float, work, state: dict) -> Any:
+async def _guarded(
+    server: ToolServer, checked: Destination, timeout_s: float, work, state: dict
+) -> Any:
     # The SDK bounds each request; this bounds the whole session (connect,
     # handshake, request, close) so no server can hold a worker longer.
     with anyio.fail_after(timeout_s * 2 + 5):
-        return await _session_run(server, timeout_s, work, state)
+        return await _session_run(server, checked, timeout_s, work, state)
 
 
 def call_tool(
     server: ToolServer, tool: str, arguments: dict[str, Any], *, timeout_s: float
 ) -> McpOutcome:
     """One ``tools/call``; never raises (R4.2). See the module docstring for the outcome map."""
-    if problem := _outbound_problem(server.url):
-        return McpOutcome("not_sent", {"request_sent": False}, f"refused: {problem}")
+    checked = _checked(server.url)
+    if isinstance(checked, str):
+        return McpOutcome("not_sent", {"request_sent": False}, f"refused: {checked}")
     state: dict[str, Any] = {"phase": "connect"}
 
     async def work(session: ClientSession):
@@ -193,7 +246,7 @@ def call_tool(
         return result
 
     try:
-        anyio.run(_guarded, server, timeout_s, work, state)
+        anyio.run(_guarded, server, checked, timeout_s, work, state)
     except Exception as exc:
         if "result" not in state:
             return _failure(_root(exc), state["phase"], server, tool)

@@ -295,3 +295,49 @@ def test_r1_3_the_scheduled_relisting_catches_a_change_made_between_sessions():
     # The server is gone now: its last listing stays, and the failure is said.
     assert registry_tools.relist_tools() == {"changed": 0, "failed": 1}
     assert ToolServer.objects.get(name="files").list_error
+
+
+def test_mcp_sessions_go_to_the_checked_address_with_the_original_host(monkeypatch):
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    seen: list[dict] = []
+    app = files_server(McpRecord()).streamable_http_app(
+        transport_security=TransportSecuritySettings(allowed_hosts=["files.invalid:*"])
+    )
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await app(scope, receive, send)
+
+    with UvicornThread(recording) as running:
+        server = tool_servers.create_tool_server(
+            name="files", kind="mcp", url=f"http://files.invalid:{running.port}/mcp",
+            by="test", now=T0,
+        )  # fmt: skip
+        asked: list[str] = []
+
+        def resolver(host, port):
+            asked.append(host)
+            return ["127.0.0.1"]
+
+        monkeypatch.setattr("governance.services.outbound.resolve", resolver)
+        assert mcp_client.list_tools(server).tools
+    # .invalid never resolves (RFC 6761): only our checked answer could reach the server.
+    assert asked == ["files.invalid"]
+    assert seen and all(h["host"] == f"files.invalid:{running.port}" for h in seen)
+
+
+def test_an_mcp_server_the_outbound_rules_refuse_is_never_contacted(settings, mcp_server):
+    from governance.rules.outbound import parse_allow_list
+
+    url, record = mcp_server
+    register_files(url)
+    settings.GOVERNANCE_OUTBOUND_ALLOW = parse_allow_list([])  # loopback refused now
+    server = ToolServer.objects.get(name="files")
+    listing = mcp_client.list_tools(server)
+    assert listing.tools is None and "not listed" in listing.error
+    result = registry_tools.run(tool("files.write"), {"path": "p", "text": "t"},
+                                idempotency_key="k", now=T0)  # fmt: skip
+    assert result.effect == "failed" and result.output == {"request_sent": False}
+    assert record.writes == []
