@@ -265,7 +265,10 @@ def store_listing(
 
 
 def _servers(names: Sequence[str]) -> dict[str, ToolServer]:
-    return {s.name: s for s in ToolServer.objects.filter(name__in=set(names))}
+    wanted = set(names) - set(BUILTIN_TOOL_NAMES)
+    if not wanted:  # built-ins only: no query
+        return {}
+    return {s.name: s for s in ToolServer.objects.filter(name__in=wanted)}
 
 
 def surface_problem(tool_surface: Sequence[str]) -> str | None:
