@@ -16,9 +16,12 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-# Web + worker + scheduler on the embedded defaults (SQLite, file-system broker).
+# Web + worker + scheduler on the embedded defaults (SQLite, file-system broker):
+# make run PORT=8001 HOST=0.0.0.0, make run VERBOSE=1 for the full logs.
+HOST ?= 127.0.0.1
+PORT ?= 8000
 run: install
-	$(BIN)/python manage.py up
+	$(BIN)/python manage.py up --host $(HOST) --port $(PORT)$(if $(VERBOSE), --verbose)
 
 services:
 	bash .ci/services.sh

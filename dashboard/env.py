@@ -205,7 +205,8 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
         else:
             path = ":memory:"
         return {
-            "ENGINE": "django.db.backends.sqlite3",
+            # Django's SQLite backend; it makes the file's folder on first connect.
+            "ENGINE": "dashboard.sqlite3",
             "NAME": path,
             # Workers and the web share the file; wait for locks instead of failing.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},

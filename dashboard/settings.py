@@ -3,6 +3,9 @@
 With nothing set the whole system runs on SQLite and a file-system broker
 under ``var/`` (no servers needed). ``DATABASE_URL=postgres://…`` and
 ``REDIS_URL=redis://…`` switch to PostgreSQL and Redis.
+
+Reading the settings creates nothing: the folders under ``var/`` are made
+when the system starts (dashboard/embedded.py).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GOVERNANCE_VAR_DIR") or BASE_DIR / "var")
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
-# The embedded defaults keep their files here (SQLite, broker, cache, beat).
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# The embedded defaults keep their files in VAR_DIR (SQLite, broker, cache, beat);
+# it is made when the system starts, not here (dashboard/embedded.py).
 
 # No production default: with DEBUG off the key must come from the environment.
 SECRET_KEY = env_secret(
@@ -118,7 +121,8 @@ else:
     # Shared between web, worker and scheduler processes without a server.
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            # Django's, making its folder on the first write (dashboard/embedded.py).
+            "BACKEND": "dashboard.embedded.FileBasedCache",
             "LOCATION": str(VAR_DIR / "cache"),
         }
     }
@@ -143,8 +147,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# collectstatic fills it when DEBUG is off; `manage.py up` makes it (WhiteNoise reads it).
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STATIC_ROOT.mkdir(exist_ok=True)  # collectstatic fills it when DEBUG is off
 # Serve straight from the finders in development; hashed, compressed files in production.
 WHITENOISE_USE_FINDERS = DEBUG
 STORAGES = {
@@ -172,10 +176,11 @@ SILENCED_SYSTEM_CHECKS = ["security.W021"] if not SECURE_HSTS_PRELOAD else []
 
 # --- Celery (the CELERY_ namespace is read by tasks/celery.py) ---
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+CELERY_BROKER_TRANSPORT = None
 if CELERY_BROKER_URL == "filesystem://":
+    # Kombu's file-system transport, making its folders when a channel opens.
+    CELERY_BROKER_TRANSPORT = "dashboard.embedded:FilesystemTransport"
     _broker_dir = VAR_DIR / "broker"
-    for _folder in ("queue", "control", "processed"):
-        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
@@ -207,6 +212,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Celery's PersistentScheduler, making the schedule file's folder when it opens it.
+CELERY_BEAT_SCHEDULER = "dashboard.embedded:BeatScheduler"
 HEARTBEAT_SECONDS = env_int("GOVERNANCE_HEARTBEAT_SECONDS", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     # Proves beat → broker → worker end to end. The clock watchdog, alert
@@ -361,13 +368,27 @@ SPAN_STORE_PRUNE_EVERY_ROWS = env_int("SPAN_STORE_PRUNE_EVERY_ROWS", 1000, minim
 SPAN_STORE_FLUSH_DELAY_MS = env_int("SPAN_STORE_FLUSH_DELAY_MS", 50, minimum=0)
 SPAN_STORE_FLUSH_INTERVAL_MS = env_int("SPAN_STORE_FLUSH_INTERVAL_MS", 5000, minimum=10)
 
+# LOG_LEVEL: the root level of every process (INFO when unset). `manage.py up`
+# runs its web, worker and scheduler at WARNING unless LOG_LEVEL is set or
+# --verbose is given, and prints a status line instead of the INFO lines.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL = (env_str("LOG_LEVEL") or "").strip().upper() or None
+if LOG_LEVEL is not None and LOG_LEVEL not in LOG_LEVELS:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {env_str('LOG_LEVEL')!r}"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL") or "INFO"},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL or "INFO"},
 }
+# `manage.py up` checks the runs in progress, the stages waiting and the last
+# beat this often and prints a status line when they changed (0: never).
+GOVERNANCE_UP_STATUS_SECONDS = env_int("GOVERNANCE_UP_STATUS_SECONDS", 30, minimum=0)
 
 
 # --- Outbound URLs (issue 10; governance/rules/outbound.py, governance/services/outbound.py,

@@ -8,6 +8,11 @@ restarted during the shutdown.
 The decision "how long to wait before restarting a child that just exited" is
 :meth:`RestartPolicy.next_delay`, a pure function of the times it is given.
 No Django here, so a test can supervise stand-in children without settings.
+
+A ``status`` callable, when given, is asked every ``status_every`` seconds (by
+the injected clock) for a :class:`StatusReport`; its line is logged when its
+``state`` differs from the last one logged, so an idle system prints nothing
+after its first report.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ STABLE_AFTER_SECONDS = 60.0
 CRASH_LOOP_AFTER = 5
 POLL_SECONDS = 0.2
 STOP_TIMEOUT_SECONDS = 20.0
+_NO_STATE = object()  # no status line logged yet
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,14 @@ def exit_message(name: str, code: int | None, restart: Restart, restarts: int) -
     return line
 
 
+@dataclass(frozen=True)
+class StatusReport:
+    """One status line and what it is made of: the line is logged when ``state`` changed."""
+
+    state: object
+    line: str
+
+
 class _Child:
     def __init__(self, name: str, argv: Sequence[str]):
         self.name = name
@@ -100,6 +114,9 @@ class Supervisor:
         poll_seconds: float = POLL_SECONDS,
         stop_timeout: float = STOP_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        env: Mapping[str, str] | None = None,
+        status: Callable[[], StatusReport] | None = None,
+        status_every: float = 0,
     ):
         items = commands.items() if isinstance(commands, Mapping) else commands
         self.children = [_Child(name, argv) for name, argv in items]
@@ -109,6 +126,11 @@ class Supervisor:
         self.poll_seconds = poll_seconds
         self.stop_timeout = stop_timeout
         self.clock = clock
+        self.env = dict(env) if env is not None else None
+        self.status = status if status_every > 0 else None
+        self.status_every = status_every
+        self._status_due: float | None = None
+        self._status_state: object = _NO_STATE
         self.stop_signal: int | None = None
 
     def pids(self) -> dict[str, int | None]:
@@ -131,8 +153,11 @@ class Supervisor:
             if started:
                 listed = ", ".join(f"{c.name} (pid {c.process.pid})" for c in started)
                 self.log(f"Started {listed}.")
+            self._status_due = now + self.status_every
             while self.stop_signal is None:
-                self._step(self.clock())
+                now = self.clock()
+                self._step(now)
+                self._report_status(now)
                 time.sleep(self._sleep_seconds())
             self.log(f"Stopping on {signal.Signals(self.stop_signal).name}.")
             self._stop_all()
@@ -152,6 +177,21 @@ class Supervisor:
             if due and self._start(child, now):
                 self.log(f"Restarted {child.name} (pid {child.process.pid}).")
 
+    def _report_status(self, now: float) -> None:
+        """Log the status line when it is due and its state changed since the last one."""
+        if self.status is None or self._status_due is None or now < self._status_due:
+            return
+        self._status_due = now + self.status_every
+        try:
+            report = self.status()
+        except Exception as exc:  # a status that cannot be read must not stop the children
+            report = StatusReport(
+                ("unavailable", type(exc).__name__), f"status unavailable: {exc!r}"
+            )
+        if report.state != self._status_state:
+            self._status_state = report.state
+            self.log(report.line)
+
     def _sleep_seconds(self) -> float:
         pending = [c.restart_at for c in self.children if c.restart_at is not None]
         if not pending:
@@ -162,7 +202,7 @@ class Supervisor:
         child.restart_at = None
         child.started_at = now
         try:
-            child.process = subprocess.Popen(child.argv, cwd=self.cwd)
+            child.process = subprocess.Popen(child.argv, cwd=self.cwd, env=self.env)
         except OSError as exc:
             child.process = None
             self.log(f"{child.name}: {exc}")
@@ -179,15 +219,16 @@ class Supervisor:
         self.log(exit_message(child.name, code, restart, child.restarts))
 
     def _stop_all(self) -> None:
-        running = [c.process for c in self.children if c.process is not None]
-        for process in running:
-            if process.poll() is None:
+        running = [c for c in self.children if c.process is not None]
+        for child in running:
+            if child.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
+                    child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
-        for process in running:
+        for child in running:
             try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                self.log(f"{child.name} did not stop within {self.stop_timeout:g}s; killing it.")
+                child.process.kill()
+                child.process.wait()

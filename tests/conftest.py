@@ -72,3 +72,15 @@ def outbound_allows_loopback(settings):
     from governance.rules.outbound import parse_allow_list
 
     settings.GOVERNANCE_OUTBOUND_ALLOW = parse_allow_list(LOOPBACK_ALLOW)
+
+
+# --- the embedded defaults' folders ---------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="session")
+def embedded_folders():
+    """What `manage.py up` makes at start (importing the settings makes nothing):
+    WhiteNoise reads STATIC_ROOT when a test's request builds the middleware."""
+    from dashboard.embedded import make_folders
+
+    make_folders()

@@ -15,7 +15,11 @@ from tests.conftest import REPO_ROOT, requires_services
 
 
 def _manage(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_"))}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_")) and k != "LOG_LEVEL"
+    }
     clean.pop("REDIS_URL", None)
     clean.update({"GOVERNANCE_VAR_DIR": str(tmp_path / "var"), **env})
     return subprocess.run(
@@ -62,10 +66,90 @@ def test_embedded_defaults_need_no_server(tmp_path: Path):
     result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     engine, broker, cache = result.stdout.split()
-    assert engine == "django.db.backends.sqlite3"
+    assert engine == "dashboard.sqlite3"
     assert broker == "filesystem://"
     assert cache.endswith("FileBasedCache")
-    assert (tmp_path / "var" / "broker" / "queue").is_dir()
+    # Reading the settings makes no folder: they are made when the system starts.
+    assert not (tmp_path / "var").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--help",), ("up", "--help"), ("migrate", "--help"), ("check",), ("help", "up")],
+)
+def test_a_command_that_starts_nothing_creates_no_folder(tmp_path: Path, args):
+    """`manage.py up --help` on a fresh clone leaves the checkout as it was."""
+    result = _manage(*args, env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "var").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_on_a_fresh_clone_makes_the_sqlite_folder(tmp_path: Path):
+    result = _manage("migrate", "--verbosity", "0", env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # Only what SQLite needs: the folder of its file (dashboard/sqlite3).
+    assert sorted(p.name for p in (tmp_path / "var").iterdir()) == ["db.sqlite3"]
+
+
+def test_publishing_makes_the_file_system_broker_folders(tmp_path: Path):
+    script = (
+        "from tasks.celery import app;app.send_task('tasks.jobs.ping', args=['x']);print('sent')"
+    )
+    result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "No hostname was supplied" not in result.stderr
+    queue = tmp_path / "var" / "broker" / "queue"
+    assert len(list(queue.iterdir())) == 1  # the message, as a file
+    assert (tmp_path / "var" / "broker" / "control").is_dir()
+    assert not (tmp_path / "var" / "broker" / "processed").exists()  # store_processed off
+
+
+def test_make_folders_makes_every_embedded_folder_once(tmp_path: Path):
+    script = (
+        "from dashboard.embedded import make_folders;"
+        "print(len(make_folders()), len(make_folders()))"
+    )
+    result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    made, again = result.stdout.split()
+    assert again == "0"
+    var = tmp_path / "var"
+    assert sorted(str(p.relative_to(var)) for p in var.rglob("*")) == [
+        "broker", "broker/control", "broker/queue", "staticfiles",
+    ]  # fmt: skip
+    assert made == "4"  # var, staticfiles, broker/queue (in and out), broker/control
+
+
+def test_beat_makes_the_folder_of_its_schedule(tmp_path: Path):
+    from dashboard.embedded import BeatScheduler
+    from tasks.celery import app
+
+    schedule = tmp_path / "not" / "yet" / "schedule"
+    scheduler = BeatScheduler(app=app, schedule_filename=str(schedule), lazy=False)
+    try:
+        assert schedule.parent.is_dir()
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("value", ["LOUD", "verbose", "5"])
+def test_bad_log_level_refuses_to_start(tmp_path: Path, value):
+    result = _manage("check", env={"LOG_LEVEL": value}, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, not {value!r}" in (
+        result.stderr
+    )
+
+
+def test_log_level_is_read_in_any_case(tmp_path: Path):
+    script = "from django.conf import settings as s; print(s.LOG_LEVEL, s.LOGGING['root']['level'])"
+    given = _manage(
+        "shell", "--no-imports", "-c", script, env={"LOG_LEVEL": "info"}, tmp_path=tmp_path
+    )
+    unset = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
+    assert given.stdout.split() == ["INFO", "INFO"]
+    assert unset.stdout.split() == ["None", "INFO"]
 
 
 def test_celery_delivery_settings_allow_redelivery():

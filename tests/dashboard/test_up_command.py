@@ -10,12 +10,20 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dashboard.supervisor import Restart, RestartPolicy, Supervisor, exit_message
+from dashboard.management.commands.up import (
+    ROOT_NOTICE,
+    child_commands,
+    child_log_level,
+    describe_status,
+    read_status,
+)
+from dashboard.supervisor import Restart, RestartPolicy, StatusReport, Supervisor, exit_message
 from tests.conftest import REPO_ROOT
 
 
@@ -26,32 +34,62 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def system(tmp_path: Path):
-    port = _free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_", "OTEL_")) and k not in {"REDIS_URL"}
-    }
-    env.update({"GOVERNANCE_VAR_DIR": str(tmp_path / "var"), "GOVERNANCE_HEARTBEAT_SECONDS": "1"})
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(port), "--concurrency", "1"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    try:
-        yield f"http://127.0.0.1:{port}", process, lines
-    finally:
+def start_up(tmp_path: Path):
+    """Start `manage.py up` on a free port with its own var dir; ``*args`` are up's options."""
+    started = []
+
+    def start(*args: str):
+        port = _free_port()
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_", "OTEL_"))
+            and k not in {"REDIS_URL", "LOG_LEVEL"}
+        }
+        env.update(
+            {
+                "GOVERNANCE_VAR_DIR": str(tmp_path / "var"),
+                "GOVERNANCE_HEARTBEAT_SECONDS": "1",
+                "GOVERNANCE_UP_STATUS_SECONDS": "1",
+            }
+        )
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "up", "--port", str(port), "--concurrency", "1", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+        reader.start()
+        started.append(process)
+        return f"http://127.0.0.1:{port}", process, lines
+
+    yield start
+    for process in started:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+@pytest.fixture
+def system(start_up):
+    return start_up()
+
+
+# What the children print at INFO: the scheduler's "Sending due task", the
+# worker's "received" / "succeeded", uvicorn's "Uvicorn running on", Celery's banners.
+INFO_NOISE = re.compile(
+    r"Sending due task|Task \S+ received|succeeded in|Uvicorn running on|celery@|beat: Starting"
+)
+STATUS_LINE = re.compile(
+    r"^\[\d\d:\d\d:\d\d UTC\] \d+ runs? in progress, \d+ stages? waiting, "
+    r"(last beat \d+ s ago|no beat yet)( \(late\))? - http://127\.0\.0\.1:\d+/$",
+    re.MULTILINE,
+)
 
 
 def _wait_for(check, timeout: float, what: str, lines: list[str]):
@@ -68,7 +106,7 @@ def _wait_for(check, timeout: float, what: str, lines: list[str]):
     raise AssertionError(f"{what} not reached; last={last!r}\n{''.join(lines[-40:])}")
 
 
-def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system):
+def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system, tmp_path: Path):
     base, process, lines = system
 
     def all_alive():
@@ -82,6 +120,20 @@ def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system):
     match = re.search(r"user: (\S+)\s+password: (\S+)", printed)
     assert match, printed
     username, password = match.groups()
+
+    # The first screen: the URL and credentials, then the start line; the
+    # children run at WARNING (the beats above went through without INFO lines)
+    # and the status comes as one line when it changes.
+    _text_match(lines, STATUS_LINE, 10)
+    printed = "".join(lines)
+    assert f"Dashboard: {base}/  user: admin  password: " in printed
+    assert printed.index("password:") < printed.index("Started web")
+    assert not INFO_NOISE.search(printed), printed
+    assert "No hostname was supplied" not in printed
+    assert (ROOT_NOTICE in printed) == (os.geteuid() == 0)
+    # up made the embedded defaults' folders before starting the children.
+    var = tmp_path / "var"
+    assert (var / "broker" / "queue").is_dir() and (var / "staticfiles").is_dir()
 
     with httpx.Client(base_url=base, timeout=10) as browser:
         login_page = browser.get("/login/")
@@ -278,8 +330,9 @@ def test_exit_line_names_the_child_code_delay_and_restart_count():
 class _FakeProcess:
     pids = iter(range(100, 1000))
 
-    def __init__(self, argv, cwd=None):
+    def __init__(self, argv, cwd=None, env=None):
         self.argv, self.pid, self.returncode = argv, next(self.pids), None
+        self.env = env
         self.signals: list[int] = []
 
     def poll(self):
@@ -323,3 +376,206 @@ def test_supervisor_restarts_only_when_the_backoff_is_due_and_never_while_stoppi
     assert supervisor.pids()["worker"] is None
     supervisor._stop_all()
     assert web.signals == [signal.SIGTERM]
+
+
+def test_up_verbose_brings_the_full_logs_back(start_up):
+    _base, process, lines = start_up("--verbose", "--no-demo-admin")
+    _text_match(lines, re.compile(r"Sending due task"), 60)
+    _text_match(lines, re.compile(r"Task tasks\.jobs\.scheduler_heartbeat\[\S+\] succeeded"), 30)
+    printed = "".join(lines)
+    assert "Uvicorn running on" in printed
+    assert not STATUS_LINE.search(printed)  # the logs say it all
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+
+
+# --------------------------------------------------------------------------- what up prints
+
+
+def test_children_run_at_warning_unless_verbose_or_log_level_says_otherwise():
+    assert child_log_level(verbose=False, log_level=None) == "WARNING"
+    assert child_log_level(verbose=True, log_level=None) == "INFO"
+    assert child_log_level(verbose=False, log_level="INFO") == "INFO"
+    assert child_log_level(verbose=False, log_level="ERROR") == "ERROR"
+    assert child_log_level(verbose=True, log_level="DEBUG") == "DEBUG"
+    assert child_log_level(verbose=True, log_level="ERROR") == "INFO"
+
+
+def _commands(level: str) -> dict[str, list[str]]:
+    return child_commands(
+        host="0.0.0.0", port=8123, concurrency=3, level=level, schedule="/s", python="py"
+    )
+
+
+def test_child_commands_carry_the_level_and_drop_celerys_banners_below_info():
+    quiet = _commands("WARNING")
+    assert quiet["web"][:4] == ["py", "-m", "uvicorn", "dashboard.asgi:application"]
+    assert quiet["web"][4:] == [
+        "--host", "0.0.0.0", "--port", "8123", "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    assert quiet["worker"][:4] == ["py", "-m", "celery", "--quiet"]
+    assert quiet["worker"][quiet["worker"].index("--loglevel") + 1] == "WARNING"
+    assert quiet["worker"][quiet["worker"].index("--concurrency") + 1] == "3"
+    assert quiet["scheduler"][:4] == ["py", "-m", "celery", "--quiet"]
+    assert quiet["scheduler"][-4:] == ["--loglevel", "WARNING", "--schedule", "/s"]
+
+    full = _commands("INFO")
+    assert "--quiet" not in full["worker"] and "--quiet" not in full["scheduler"]
+    assert full["web"][-2:] == ["--log-level", "info"]
+    assert full["scheduler"][full["scheduler"].index("--loglevel") + 1] == "INFO"
+
+
+AT = datetime(2026, 3, 1, 14, 32, 5, tzinfo=UTC)
+URL = "http://127.0.0.1:8001/"
+
+
+def _status(runs=0, waiting=0, beat_age: float | None = 3.0) -> StatusReport:
+    return describe_status(
+        runs=runs, waiting=waiting, beat_age=beat_age, stale_after=90, url=URL, at=AT
+    )
+
+
+def test_status_line_says_runs_stages_and_the_last_beat():
+    assert _status().line == (
+        "[14:32:05 UTC] 0 runs in progress, 0 stages waiting, last beat 3 s ago - " + URL
+    )
+    assert _status(1, 1, 12.4).line.startswith(
+        "[14:32:05 UTC] 1 run in progress, 1 stage waiting, last beat 12 s ago"
+    )
+    assert "2 runs in progress, 5 stages waiting, last beat 91 s ago (late)" in (
+        _status(2, 5, 91).line
+    )
+    assert "no beat yet" in _status(beat_age=None).line
+
+
+def test_status_state_changes_with_the_counts_and_the_beats_health_not_its_age():
+    assert _status(beat_age=1).state == _status(beat_age=29).state  # idle: nothing new
+    assert _status(runs=1).state != _status().state
+    assert _status(waiting=1).state != _status().state
+    assert _status(beat_age=91).state != _status().state  # late
+    assert _status(beat_age=None).state != _status().state
+
+
+@pytest.mark.django_db
+def test_read_status_counts_active_runs_and_stages_not_started():
+    from governance import services, time_source
+    from governance.models import Provider
+    from tasks.jobs import record_heartbeat
+
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    thread = services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
+    services.submit_run(thread, input="hi", now=time_source.now())
+    beat = record_heartbeat("scheduler", "test")
+    beat_at = datetime.fromisoformat(beat["at"])
+
+    report = read_status(URL, now=beat_at + timedelta(seconds=4))
+    assert "1 run in progress, 1 stage waiting, last beat 4 s ago - " + URL in report.line
+    late = read_status(URL, now=beat_at + timedelta(seconds=1000))
+    assert "last beat 1000 s ago (late)" in late.line
+
+
+# --------------------------------------------------------------------------- make run
+
+
+def _make_n(*args: str) -> str:
+    result = subprocess.run(
+        ["make", "-n", "--no-print-directory", "run", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if k not in {"HOST", "PORT", "VERBOSE"}},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1]
+
+
+def test_make_run_passes_port_and_host_to_up():
+    assert _make_n().endswith("manage.py up --host 127.0.0.1 --port 8000")
+    assert _make_n("PORT=8001").endswith("manage.py up --host 127.0.0.1 --port 8001")
+    assert _make_n("PORT=8001", "HOST=0.0.0.0").endswith("manage.py up --host 0.0.0.0 --port 8001")
+    assert _make_n("VERBOSE=1").endswith("manage.py up --host 127.0.0.1 --port 8000 --verbose")
+
+
+def test_supervisor_gives_children_the_environment_it_was_given(monkeypatch):
+    monkeypatch.setattr("dashboard.supervisor.subprocess.Popen", _FakeProcess)
+    supervisor = Supervisor({"web": ["w"]}, env={"LOG_LEVEL": "WARNING"}, log=lambda _: None)
+    supervisor._start(supervisor.children[0], now=0.0)
+    assert supervisor.children[0].process.env == {"LOG_LEVEL": "WARNING"}
+
+
+class _Statuses:
+    """A status source: the reports to hand out, and how often it was asked."""
+
+    def __init__(self, *reports: StatusReport | Exception):
+        self.reports, self.asked = list(reports), 0
+
+    def __call__(self) -> StatusReport:
+        self.asked += 1
+        report = self.reports.pop(0)
+        if isinstance(report, Exception):
+            raise report
+        return report
+
+
+def test_status_is_asked_every_interval_and_logged_only_when_it_changed():
+    idle = StatusReport((0, 0, "ok"), "idle")
+    busy = StatusReport((1, 1, "ok"), "busy")
+    statuses = _Statuses(idle, StatusReport(idle.state, "idle, older beat"), busy, idle)
+    lines: list[str] = []
+    supervisor = Supervisor({}, log=lines.append, status=statuses, status_every=30)
+    supervisor._status_due = 100.0 + 30  # as run() sets it when the children started
+
+    for now in (100.0, 110.0, 129.9):
+        supervisor._report_status(now)
+    assert statuses.asked == 0 and lines == []
+    supervisor._report_status(130.0)
+    assert lines == ["idle"]
+    supervisor._report_status(150.0)  # not due again before 160
+    supervisor._report_status(160.0)  # same state: nothing printed while idle
+    assert statuses.asked == 2 and lines == ["idle"]
+    supervisor._report_status(190.0)
+    supervisor._report_status(220.0)
+    assert lines == ["idle", "busy", "idle"]
+
+
+def test_a_status_that_fails_is_logged_once_and_the_supervisor_goes_on():
+    statuses = _Statuses(OSError("db gone"), OSError("db gone"), StatusReport("s", "back"))
+    lines: list[str] = []
+    supervisor = Supervisor({}, log=lines.append, status=statuses, status_every=1)
+    supervisor._status_due = 0.0
+    for now in (0.0, 1.0, 2.0):
+        supervisor._report_status(now)
+    assert lines == ["status unavailable: OSError('db gone')", "back"]
+
+
+def test_no_status_when_its_interval_is_zero():
+    statuses = _Statuses()
+    supervisor = Supervisor({}, log=lambda _: None, status=statuses, status_every=0)
+    supervisor._status_due = 0.0
+    supervisor._report_status(1e9)
+    assert statuses.asked == 0
+
+
+class _StubbornProcess(_FakeProcess):
+    def send_signal(self, signum):
+        self.signals.append(signum)  # ignores it
+
+    def wait(self, timeout=None):
+        if timeout is not None and signal.SIGKILL not in self.signals:
+            raise subprocess.TimeoutExpired(self.argv, timeout)
+        return self.returncode
+
+    def kill(self):
+        self.signals.append(signal.SIGKILL)
+        self.returncode = -9
+
+
+def test_a_child_that_ignores_sigterm_is_killed_and_that_is_logged(monkeypatch):
+    monkeypatch.setattr("dashboard.supervisor.subprocess.Popen", _StubbornProcess)
+    lines: list[str] = []
+    supervisor = Supervisor({"worker": ["k"]}, log=lines.append, stop_timeout=0.01)
+    supervisor._start(supervisor.children[0], now=0.0)
+    supervisor._stop_all()
+    assert supervisor.children[0].process.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert lines == ["worker did not stop within 0.01s; killing it."]

@@ -4,13 +4,22 @@ scenario on an empty database), then web + worker + scheduler.
 One foreground command for a fresh machine. If one of the three dies, it is
 logged and restarted after a backoff (dashboard/supervisor.py) while the
 others keep running; Ctrl-C (or SIGTERM) stops all three.
+
+What it prints by default: the credentials and the URL, one line per start,
+exit and restart of a child, the children's warnings and errors (they run at
+WARNING, without Celery's banners), and a status line (runs in progress,
+stages waiting, the last beat) when those change, checked every
+``GOVERNANCE_UP_STATUS_SECONDS``. ``--verbose`` or ``LOG_LEVEL=INFO`` (or
+DEBUG) gives the children's full logs instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -18,11 +27,107 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.embedded import make_folders
 from dashboard.management.commands.demo import ensure_demo_users
-from dashboard.supervisor import Supervisor
-from governance.models import Thread
+from dashboard.supervisor import StatusReport, Supervisor
+from governance.models import Run, Stage, Thread
 
 DEMO_USERNAME = "admin"
+FULL_LOG_LEVELS = ("DEBUG", "INFO")
+ACTIVE_RUN_STATES = (
+    Run.Status.QUEUED,
+    Run.Status.RUNNING,
+    Run.Status.FINALIZING,
+    Run.Status.VERIFYING,
+)
+ROOT_NOTICE = (
+    "Running as root: Celery's worker warns about superuser privileges below "
+    '(README.md, "Running as root", says what it means and what to do).'
+)
+
+
+def child_log_level(verbose: bool, log_level: str | None) -> str:
+    """The children's log level: LOG_LEVEL when set, INFO with --verbose, else WARNING."""
+    if verbose:
+        return "DEBUG" if log_level == "DEBUG" else "INFO"
+    return log_level or "WARNING"
+
+
+def child_commands(
+    *, host: str, port: int, concurrency: int, level: str, schedule: str, python: str
+) -> dict[str, list[str]]:
+    """The argv of web, worker and scheduler at ``level``; below INFO without banners."""
+    quiet = [] if level in FULL_LOG_LEVELS else ["--quiet"]
+    return {
+        "web": [
+            python, "-m", "uvicorn", "dashboard.asgi:application",
+            "--host", host, "--port", str(port), "--no-access-log",
+            "--log-level", level.lower(),
+        ],
+        "worker": [
+            python, "-m", "celery", *quiet, "-A", "tasks", "worker",
+            "--loglevel", level, "--concurrency", str(concurrency),
+            "--hostname", f"worker@{os.uname().nodename}",
+        ],
+        "scheduler": [
+            python, "-m", "celery", *quiet, "-A", "tasks", "beat",
+            "--loglevel", level, "--schedule", schedule,
+        ],
+    }  # fmt: skip
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def describe_status(
+    *,
+    runs: int,
+    waiting: int,
+    beat_age: float | None,
+    stale_after: float,
+    url: str,
+    at: datetime,
+) -> StatusReport:
+    """The status line; its state (what a change is) leaves out the beat's age."""
+    if beat_age is None:
+        beat, beat_state = "no beat yet", "none"
+    elif beat_age > stale_after:
+        beat, beat_state = f"last beat {beat_age:.0f} s ago (late)", "late"
+    else:
+        beat, beat_state = f"last beat {beat_age:.0f} s ago", "ok"
+    line = (
+        f"[{at:%H:%M:%S} UTC] {_plural(runs, 'run')} in progress, "
+        f"{_plural(waiting, 'stage')} waiting, {beat} - {url}"
+    )
+    return StatusReport((runs, waiting, beat_state), line)
+
+
+def read_status(url: str, now: datetime | None = None) -> StatusReport:
+    """The status from the database (runs, stages not yet started) and the beat's heartbeat."""
+    from django.db import close_old_connections, connection
+
+    from tasks.jobs import read_heartbeat
+
+    now = now or datetime.now(UTC)
+    if not connection.in_atomic_block:
+        close_old_connections()  # a connection the database dropped is replaced
+    runs = Run.objects.filter(status__in=ACTIVE_RUN_STATES).count()
+    waiting = Stage.objects.filter(
+        run__status__in=ACTIVE_RUN_STATES, started_at__isnull=True, finished_at__isnull=True
+    ).count()
+    beat = read_heartbeat("scheduler")
+    beat_age = None
+    if beat and beat.get("at"):
+        beat_age = max(0.0, (now - datetime.fromisoformat(beat["at"])).total_seconds())
+    return describe_status(
+        runs=runs,
+        waiting=waiting,
+        beat_age=beat_age,
+        stale_after=3 * settings.HEARTBEAT_SECONDS,
+        url=url,
+        at=now,
+    )
 
 
 def ensure_demo_admin(var_dir: Path) -> tuple[str, str]:
@@ -63,14 +168,23 @@ class Command(BaseCommand):
             action="store_true",
             help="do not create or reset the demo admin user",
         )
+        parser.add_argument(
+            "--verbose",
+            action="store_true",
+            help="the children's full logs (INFO and Celery's banners), as LOG_LEVEL=INFO "
+            "does; by default they run at WARNING and a status line is printed",
+        )
 
-    def handle(self, *args, host, port, concurrency, no_demo_admin, **options):
+    def handle(self, *args, host, port, concurrency, no_demo_admin, verbose, **options):
         if not 0 < port < 65536:
             raise CommandError(f"--port must be 1-65535, not {port}")
         if concurrency < 1:
             raise CommandError(f"--concurrency must be at least 1, not {concurrency}")
+        level = child_log_level(verbose, settings.LOG_LEVEL)
+        if level not in FULL_LOG_LEVELS:
+            logging.getLogger().setLevel(level)  # this process's own INFO lines too
         var_dir = Path(settings.VAR_DIR)
-        var_dir.mkdir(parents=True, exist_ok=True)
+        make_folders()  # var/: SQLite, broker, static files, beat schedule
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("Database migrated.")
         if not settings.DEBUG:
@@ -94,28 +208,33 @@ class Command(BaseCommand):
             )
             for demo_user, demo_password, group in demo_users:
                 self.stdout.write(f"  {group:<9} user: {demo_user}  password: {demo_password}")
-        python = sys.executable
-        commands = {
-            "web": [
-                python, "-m", "uvicorn", "dashboard.asgi:application",
-                "--host", host, "--port", str(port), "--no-access-log",
-            ],
-            "worker": [
-                python, "-m", "celery", "-A", "tasks", "worker",
-                "--loglevel", "INFO", "--concurrency", str(concurrency),
-                "--hostname", f"worker@{os.uname().nodename}",
-            ],
-            "scheduler": [
-                python, "-m", "celery", "-A", "tasks", "beat",
-                "--loglevel", "INFO", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME,
-            ],
-        }  # fmt: skip
-        self._supervise(commands)
+        commands = child_commands(
+            host=host,
+            port=port,
+            concurrency=concurrency,
+            level=level,
+            schedule=settings.CELERY_BEAT_SCHEDULE_FILENAME,
+            python=sys.executable,
+        )
+        if os.geteuid() == 0:
+            self.stdout.write(ROOT_NOTICE)
+        url = f"http://{host}:{port}/"
+        status_every = 0 if level in FULL_LOG_LEVELS else settings.GOVERNANCE_UP_STATUS_SECONDS
+        # The children read LOG_LEVEL for their Django logging (dashboard/settings.py).
+        child_env = {**os.environ, "LOG_LEVEL": level}
+        self._supervise(commands, child_env, lambda: read_status(url), status_every)
 
-    def _supervise(self, commands: dict[str, list[str]]) -> None:
+    def _supervise(self, commands, env, status, status_every) -> None:
         def log(line: str) -> None:
             self.stdout.write(line)
             self.stdout.flush()
 
-        Supervisor(commands, cwd=Path(settings.BASE_DIR), log=log).run()
+        Supervisor(
+            commands,
+            cwd=Path(settings.BASE_DIR),
+            log=log,
+            env=env,
+            status=status,
+            status_every=status_every,
+        ).run()
         self.stdout.write("Stopped web, worker and scheduler.")
