@@ -238,6 +238,7 @@ def run_json(run: Run) -> dict[str, Any]:
                 "finished_at": _iso(stage.finished_at),
                 "outcome": stage.outcome or None,
                 "timeout": stage.timeout_name or None,
+                "failure_class": stage.failure_class or None,
                 "detail": stage.detail or None,
                 "clocks": stage.clocks,
                 "deliveries": stage.deliveries,

@@ -275,7 +275,10 @@ class Stage(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=32, blank=True)
+    # R6.2: the clock that ran out, if one did, and apart from it the failure
+    # class of what the stage called (an interrupted stream is not a timeout).
     timeout_name = models.CharField(max_length=32, blank=True)
+    failure_class = models.CharField(max_length=32, blank=True, default="")
     detail = models.TextField(blank=True)
     clocks = models.JSONField(default=dict, blank=True)  # the four clocks in ms (R6.1)
     deliveries = models.PositiveIntegerField(default=0)  # how often a worker picked it up

@@ -288,6 +288,25 @@ def clock_attributes(clocks_ms: Mapping[str, Any] | Any) -> dict[str, int]:
     return out
 
 
+def stage_outcome_attributes(
+    *, outcome: str, timeout_name: str, failure_class: str
+) -> dict[str, Any]:
+    """A finished stage's outcome as span and metric attributes (R6.2: three
+    separate facts).
+
+    ``governance.stage.timeout`` is set only when one of the run's clocks ran
+    out; the failure class of what the stage called is ``error.type`` (an
+    interrupted stream is ``interrupted``, never a timeout).
+    """
+    attrs: dict[str, Any] = {"governance.stage.outcome": outcome}
+    if timeout_name:
+        attrs["governance.stage.timeout"] = timeout_name
+    if failure_class:
+        attrs["governance.stage.failure_class"] = failure_class
+        attrs["error.type"] = failure_class
+    return attrs
+
+
 def _fill_clocks(attributes: dict[str, Any], computed: Mapping[str, int], where: str) -> None:
     """R6.1: every stage span carries all four clocks.
 
@@ -519,6 +538,8 @@ class StageSpan:
         attrs = otel_attributes(attributes)
         self._attributes.update(attrs)
         self.span.set_attributes(attrs)
+        if attrs.get("error.type"):
+            self.span.set_status(Status(StatusCode.ERROR, str(attrs["error.type"])))
 
     def end(self, finished_at: datetime | None = None) -> None:
         """End at ``finished_at`` (the injected clock's now when None); idempotent."""
@@ -823,6 +844,7 @@ __all__ = [
     "new_run_trace",
     "observe_clocks",
     "record_queue_span",
+    "stage_outcome_attributes",
     "stored_in_span_store",
     "tool_span",
     "use_meter_provider",

@@ -28,6 +28,7 @@ from governance.models import (
     Stage,
     ToolReceipt,
 )
+from governance.rules import lifecycle as lc
 from tasks.instrumentation import (
     CLOCK_ATTRIBUTES,
     CLOCK_UNKNOWN,
@@ -444,21 +445,25 @@ def _budget_of(run: Run):
 
 
 def _decisions(raw: Any, origin: datetime) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for entry in raw if isinstance(raw, list) else []:
         if not isinstance(entry, dict):
             continue
         path = str(entry.get("path") or "")
-        out.append(
-            {
-                "at": moment(_parse_at(entry.get("at")), origin),
-                "path": path,
-                "path_words": PATH_WORDS.get(path, path.replace("_", " ")),
-                "path_state": PATH_STATE.get(path, "info"),
-                "reason": entry.get("reason") or "",
-                "boundary_action_needed": entry.get("boundary_action_needed") or "",
-            }
-        )
+        decision = {
+            "at": moment(_parse_at(entry.get("at")), origin),
+            "path": path,
+            "path_words": PATH_WORDS.get(path, path.replace("_", " ")),
+            "path_state": PATH_STATE.get(path, "info"),
+            "reason": entry.get("reason") or "",
+            "boundary_action_needed": entry.get("boundary_action_needed") or "",
+            "times": 1,
+        }
+        if path == "bounded_recovery" and out and out[-1]["path"] == path:
+            # One line for a run of retries: how many, and the latest's words
+            # (which retry, from which budget, what is left).
+            decision["times"] = out.pop()["times"] + 1
+        out.append(decision)
     return out
 
 
@@ -476,13 +481,17 @@ def _stage_row(stage: Stage, attempts: int) -> StageRow:
                 unknown=unknown,
             )
         )
-    if stage.timeout_name == "interrupted":
-        words = "interrupted (effect unknown)"
-    elif stage.timeout_name:
-        words = f"timed out: {stage.timeout_name}"
-    else:
-        words = ""
+    words = stage_fact_words(stage.timeout_name, stage.failure_class)
     return StageRow(stage=stage, clocks=cells, timeout_words=words, attempts=attempts)
+
+
+def stage_fact_words(timeout_name: str, failure_class: str) -> str:
+    """R6.2: the clock that ran out and the failure class are two facts; a
+    stage says "timed out" only when one of its clocks did."""
+    words = [f"timed out: {timeout_name}"] if timeout_name else []
+    if failure_class and not (timeout_name and failure_class == "timeout"):
+        words.append(lc.failure_label(failure_class))
+    return " · ".join(words)
 
 
 # --------------------------------------------------------------------------- waterfall
@@ -607,8 +616,12 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
         elif span.name == EXECUTION_SPAN_NAME:
             kind, label = "execution", f"{stage_words} · execution"
             detail = _clock_words(attrs)
-            if attrs.get("governance.stage.timeout"):
-                detail = f"timed out: {attrs['governance.stage.timeout']} · {detail}"
+            facts = stage_fact_words(
+                str(attrs.get("governance.stage.timeout") or ""),
+                str(attrs.get("governance.stage.failure_class") or ""),
+            )
+            if facts:
+                detail = f"{facts} · {detail}"
         elif "gen_ai.provider.name" in attrs or "gen_ai.operation.name" in attrs:
             kind = "attempt"
             provider = attrs.get("gen_ai.provider.name") or "provider"
@@ -685,8 +698,10 @@ def _stage_waterfall(run: Run, stages: list[Stage], settlement, now: datetime) -
             stop = stage.finished_at or max(now, started)
             left, width = _place(started, stop, origin, total)
             detail = stage.outcome or ("running" if stage.finished_at is None else "")
-            if stage.timeout_name:
-                detail = f"timed out: {stage.timeout_name} · {detail}".rstrip(" ·")
+            facts = stage_fact_words(stage.timeout_name, stage.failure_class)
+            if facts:
+                said = detail in (stage.failure_class, "timeout" if stage.timeout_name else "")
+                detail = facts if said else f"{facts} · {detail}".rstrip(" ·")
             bars.append(
                 Bar(
                     label=f"{words} · execution",
@@ -695,7 +710,7 @@ def _stage_waterfall(run: Run, stages: list[Stage], settlement, now: datetime) -
                     left=left,
                     width=width,
                     duration=duration_words(stop - started),
-                    status="error" if stage.timeout_name else "",
+                    status="error" if stage.timeout_name or stage.failure_class else "",
                     start=started,
                 )
             )

@@ -155,6 +155,37 @@ OUTPUT_RESERVE = "output_reserve"
 # R2.1: the classes that time repairs (one set with the health rule). Refusal
 # (R3), auth and bad_request are not transient.
 TRANSIENT_FAILURE_CLASSES = TIME_BASED_CLASSES
+# R6.2: a stream that broke after its headers with no clock run out. A model
+# request has no external effect, so the turn may be retried like a transient
+# failure, but it is named for what it is: not a timeout, not a network failure.
+INTERRUPTED = "interrupted"
+RETRYABLE_FAILURE_CLASSES = TRANSIENT_FAILURE_CLASSES | {INTERRUPTED}
+
+# The short name of a failure class where a page lists facts (R6.2).
+FAILURE_LABELS = {
+    INTERRUPTED: "interrupted (effect unknown)",
+    "network": "network failure",
+    "timeout": "provider timeout",
+    "rate_limited": "rate limited",
+    "server_error": "provider error",
+}
+
+
+def failure_label(failure_class: str) -> str:
+    return FAILURE_LABELS.get(failure_class, failure_class.replace("_", " "))
+
+
+# How the lifecycle's reasons name a provider failure (R6.2: words from the facts).
+FAILURE_WORDS = {
+    INTERRUPTED: (
+        "the provider's stream broke off after its headers before any clock ran out "
+        "(interrupted: the request may have been served, effect unknown)"
+    ),
+    "network": "the provider could not be reached (network)",
+    "timeout": "the provider did not answer in time (timeout)",
+    "rate_limited": "the provider is rate limiting (rate_limited)",
+    "server_error": "the provider failed on its side (server_error)",
+}
 
 _EFFECT_KINDS = frozenset(
     {FactKind.EFFECT_UNKNOWN, FactKind.EFFECT_HAPPENED, FactKind.EFFECT_DID_NOT_HAPPEN}
@@ -257,10 +288,10 @@ class OwnerFact:
         elif self.version is not None:
             raise LifecycleError("only a committed body carries a version")
         if kind is FactKind.TRANSIENT_FAILURE:
-            if self.failure_class not in TRANSIENT_FAILURE_CLASSES:
+            if self.failure_class not in RETRYABLE_FAILURE_CLASSES:
                 raise LifecycleError(
                     f"{self.failure_class!r} is not a transient failure class; expected one of "
-                    f"{sorted(TRANSIENT_FAILURE_CLASSES)} (refusals follow R3, auth needs "
+                    f"{sorted(RETRYABLE_FAILURE_CLASSES)} (refusals follow R3, auth needs "
                     "configuration)"
                 )
         elif self.failure_class is not None:
@@ -958,22 +989,23 @@ def _research_path(run: RunFacts) -> Decision:
         return _cannot_continue(run, why, reserve_holds)
 
     if latest_provider is not None and latest_provider.kind is FactKind.TRANSIENT_FAILURE:
+        what = _provider_failure_words(latest_provider)
+        retries = _retries_so_far(facts)
         if run.recovery is None:
             return _cannot_continue(
-                run, "a provider failed and no recovery conditions are recorded", reserve_holds
+                run, f"{what}, and no recovery conditions are recorded", reserve_holds
             )
         verdict = recovery_eligibility(run.recovery)
         if not verdict.eligible:
-            failed = ", ".join(verdict.failed)
-            return _cannot_continue(
-                run, f"a provider failed and recovery is not allowed ({failed})", reserve_holds
-            )
+            why = "; ".join(RECOVERY_REFUSAL_WORDS[c] for c in verdict.failed)
+            tried = f" after {retries} retr{'y' if retries == 1 else 'ies'}" if retries else ""
+            return _cannot_continue(run, f"{what}; it is not retried{tried}: {why}", reserve_holds)
         return Decision(
             path=Path.BOUNDED_RECOVERY,
             reason=(
-                f"A transient provider failure ({latest_provider.failure_class}); the recovery "
-                "conditions and the balance hold, so the turn recovers inside the original "
-                "mechanism."
+                f"{what[0].upper()}{what[1:]}. The recovery conditions hold, so the turn is "
+                f"retried inside the original mechanism: retry {retries + 1}, drawn from "
+                f"{ORDINARY_RESEARCH_RESOURCE} ({run.recovery.remaining_balance} left)."
             ),
             must_keep=(
                 f"same task identity ({run.recovery.task_identity})",
@@ -1308,6 +1340,36 @@ def _committed_keep(facts: tuple[OwnerFact, ...]) -> tuple[str, ...]:
 def _stop_outcome(facts: tuple[OwnerFact, ...]) -> Outcome:
     # A stop records what happened: a committed body was delivered in part.
     return Outcome.PARTIAL if _committed_versions(facts) else Outcome.FAILED
+
+
+def _provider_failure_words(fact: OwnerFact) -> str:
+    """R6.2: what a provider failure fact says, in the lifecycle's words (its detail
+    names the provider and what was seen)."""
+    words = FAILURE_WORDS.get(
+        fact.failure_class or "", f"a provider failure ({fact.failure_class})"
+    )
+    return f"{words}; {fact.detail}" if fact.detail else words
+
+
+RECOVERY_REFUSAL_WORDS = {
+    RecoveryCondition.SAME_TASK_IDENTITY: "the recovery would carry on another task",
+    RecoveryCondition.USABLE_CHECKPOINT: "no usable checkpoint to resume from",
+    RecoveryCondition.SAME_RUN_AUTHORIZATION: "the authorization differs from the admission",
+    RecoveryCondition.REMAINING_BALANCE: f"the {ORDINARY_RESEARCH_RESOURCE} budget is used up",
+    RecoveryCondition.SAFE_CONTINUATION: "an unknown tool effect makes resending unsafe",
+}
+
+
+def _retries_so_far(facts: Sequence[OwnerFact]) -> int:
+    """How many times this turn was already retried: the provider failures
+    recorded since the provider last reported anything else."""
+    latest = [f for f in facts if f.owner is Owner.PROVIDER]
+    count = 0
+    for fact in reversed(latest):
+        if fact.kind is not FactKind.TRANSIENT_FAILURE:
+            break
+        count += 1
+    return max(count - 1, 0)
 
 
 def _failure_words(kind: FactKind) -> str:

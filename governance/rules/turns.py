@@ -273,7 +273,11 @@ class StageConclusion:
 
     outcome: str
     facts: tuple[lc.OwnerFact, ...] = ()
+    # Three separate facts (R6.2): the stage's outcome, the failure class of
+    # what it called (``interrupted``, ``network``, ``timeout``, …) and the
+    # clock that ran out (``stage_timeout``, ``no_progress``, ``deadline_exceeded``).
     timeout_name: str = ""
+    failure_class: str = ""
     detail: str = ""
     history: tuple[Message, ...] = ()  # appended to the session (R1.3)
     chunks: tuple[ChunkCommit, ...] = ()  # generated, then committed with versions (R7.2)
@@ -364,9 +368,14 @@ def conclude_turn(
         pool = lc.OUTPUT_RESERVE if facts.final else lc.ORDINARY_RESEARCH_RESOURCE
         fact = lc.OwnerFact(lc.Owner.RESOURCE, lc.FactKind.RESOURCE_EXHAUSTED, pool)
         return StageConclusion(**common, outcome="budget_exhausted", facts=(fact,))
+    # The attempt a clock cut is classed ``timeout`` (R2.1); the clock is named apart.
+    cut_class = calls[-1].classification.failure_class or "" if calls else ""
     if timeout == "deadline_exceeded":
         fact = lc.OwnerFact(lc.Owner.CLOCK, lc.FactKind.DEADLINE_EXCEEDED, "deadline")
-        return StageConclusion(**common, outcome="timeout", facts=(fact,), timeout_name=timeout)
+        return StageConclusion(
+            **common, outcome="timeout", facts=(fact,), timeout_name=timeout,
+            failure_class=cut_class,
+        )  # fmt: skip
     if timeout == "no_progress":
         fact = lc.OwnerFact(
             lc.Owner.CLOCK,
@@ -374,34 +383,50 @@ def conclude_turn(
             "no_progress",
             detail="the stream sent heartbeats but no business progress",
         )
-        return StageConclusion(**common, outcome="timeout", facts=(fact,), timeout_name=timeout)
+        return StageConclusion(
+            **common, outcome="timeout", facts=(fact,), timeout_name=timeout,
+            failure_class=cut_class,
+        )  # fmt: skip
     detail = next((c.error for c in reversed(calls) if c.error), "")
-    interrupted = outcome.result == "interrupted"
-    if outcome.failure_class in lc.TRANSIENT_FAILURE_CLASSES or interrupted:
+    if outcome.result == "interrupted":
+        # R6.2: the stream broke after its headers and no clock ran out. The
+        # request may have been served (effect unknown); it is neither a
+        # timeout nor evidence of a network failure.
         fact = _provider_fact(
             lc.FactKind.TRANSIENT_FAILURE,
             "model_turn",
-            failure_class=(
-                outcome.failure_class
-                if outcome.failure_class in lc.TRANSIENT_FAILURE_CLASSES
-                else "network"
-            ),
-            detail="stream interrupted after headers (effect unknown)" if interrupted else "",
+            failure_class=lc.INTERRUPTED,
+            detail=f"{_provider_of(calls)}: {detail}" if detail else _provider_of(calls),
         )
-        stage_outcome = "interrupted" if interrupted else "failed"
         return StageConclusion(
-            **common,
-            outcome=stage_outcome,
-            facts=(fact,),
-            timeout_name="interrupted" if interrupted else "",
+            **common, outcome="interrupted", facts=(fact,), failure_class=lc.INTERRUPTED,
             detail=detail,
+        )  # fmt: skip
+    if outcome.failure_class in lc.TRANSIENT_FAILURE_CLASSES:
+        fact = _provider_fact(
+            lc.FactKind.TRANSIENT_FAILURE,
+            "model_turn",
+            failure_class=outcome.failure_class,
+            detail=f"{_provider_of(calls)}: {detail}" if detail else _provider_of(calls),
         )
+        return StageConclusion(
+            **common, outcome="failed", facts=(fact,), failure_class=outcome.failure_class,
+            detail=detail,
+        )  # fmt: skip
     fact = _provider_fact(
         lc.FactKind.TURN_WITHOUT_PROGRESS,
         "model_turn",
         detail=f"every provider failed: {outcome.failure_class}",
     )
-    return StageConclusion(**common, outcome="failed", facts=(fact,), detail=detail)
+    return StageConclusion(
+        **common, outcome="failed", facts=(fact,), failure_class=outcome.failure_class or "",
+        detail=detail,
+    )  # fmt: skip
+
+
+def _provider_of(calls: Sequence[TurnCall]) -> str:
+    """The provider whose call ended the turn, for the fact's words."""
+    return calls[-1].provider_id if calls else "the provider"
 
 
 def _accepted(

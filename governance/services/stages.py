@@ -432,11 +432,13 @@ def close_stage(
                 finished_at=now,
                 outcome=conclusion.outcome,
                 timeout_name=conclusion.timeout_name,
+                failure_class=conclusion.failure_class,
                 detail=conclusion.detail[:4000],
                 clocks=clocks,
             )
             stage.outcome, stage.clocks = conclusion.outcome, clocks
             stage.timeout_name = conclusion.timeout_name
+            stage.failure_class = conclusion.failure_class
         for other in abandoned:
             if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
                 finished_at=now,

@@ -105,15 +105,16 @@ def _run_claimed(start: stage_service.StageStart) -> str:
             log.exception("stage %s failed", stage.id)
             result, closed = _record_local_failure(stage, exc)
         end = stage.finished_at or time_source.now()
+        outcome = spans.stage_outcome_attributes(
+            outcome=stage.outcome,
+            timeout_name=stage.timeout_name,
+            failure_class=stage.failure_class,
+        )
         execution.set_attributes(
-            {
-                **spans.clock_attributes(stage.clocks or queued_clocks),
-                "governance.stage.outcome": stage.outcome,
-                "governance.stage.timeout": stage.timeout_name,
-            }
+            {**spans.clock_attributes(stage.clocks or queued_clocks), **outcome}
         )
         execution.end(end)
-    spans.observe_clocks(stage.kind, stage.clocks or {})
+    spans.observe_clocks(stage.kind, stage.clocks or {}, **outcome)
     if closed is not None:
         after_close(run, closed, end)
     return result
@@ -140,7 +141,7 @@ def _record_local_failure(stage: Stage, exc: Exception):
     except StaleClaim:
         return "superseded", None
     stage.finished_at, stage.outcome, stage.clocks = fresh.finished_at, "error", fresh.clocks
-    stage.timeout_name = fresh.timeout_name
+    stage.timeout_name, stage.failure_class = fresh.timeout_name, fresh.failure_class
     return "error", closed
 
 

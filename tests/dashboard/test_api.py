@@ -739,6 +739,7 @@ def test_get_run_of_a_queued_run(api, thread, run_id, manual_clock):
             "finished_at": None,
             "outcome": None,
             "timeout": None,
+            "failure_class": None,
             "detail": None,
             "clocks": {},
             "deliveries": 0,

@@ -557,7 +557,7 @@ def test_r6_3_transient_failure_without_recovery_conditions_goes_to_finalization
 ) -> None:
     decision = next_path(run_with(transient(), recovery=good_recovery(**bad)))
     assert decision.path is Path.FINALIZATION_ONLY
-    assert "recovery is not allowed" in decision.reason
+    assert "it is not retried" in decision.reason
 
 
 def test_r6_3_transient_failure_with_no_recorded_conditions_is_not_recovered() -> None:

@@ -723,10 +723,13 @@ def test_r6_2_interrupted_stream_is_transient_with_unknown_effect_never_a_timeou
     broken = Reply(INTERRUPTED, error="stream broke after headers")
     conclusion, shell, outcome = run_turn({"a": broken, "b": answer()})
     assert len(shell.calls) == 1 and outcome.result == "interrupted"
-    assert (conclusion.outcome, conclusion.timeout_name) == ("interrupted", "interrupted")
+    # Three facts apart: the outcome, the failure class, and no clock ran out.
+    assert (conclusion.outcome, conclusion.failure_class, conclusion.timeout_name) == (
+        "interrupted", "interrupted", "",
+    )  # fmt: skip
     (fact,) = conclusion.facts
-    assert fact.kind is lc.FactKind.TRANSIENT_FAILURE and fact.failure_class == "network"
-    assert "effect unknown" in fact.detail
+    assert fact.kind is lc.FactKind.TRANSIENT_FAILURE and fact.failure_class == "interrupted"
+    assert fact.detail == "a: stream broke after headers"  # which provider, what was seen
     assert conclusion.detail == "stream broke after headers"
     assert conclusion.health == ()  # an interruption says nothing of health
     assert lc.FactKind.DEADLINE_EXCEEDED not in kinds(conclusion)
@@ -1057,7 +1060,8 @@ def test_r2_3_r4_4_r6_2_turn_conclusions_hold_their_invariants(a, b, final, incr
             assert conclusion.timeout_name == outcome.failure_class
             assert [f.owner for f in conclusion.facts] == [lc.Owner.CLOCK]
     if outcome.result == "interrupted":
-        assert conclusion.timeout_name == "interrupted"
+        # R6.2: an interruption is no clock's cut.
+        assert (conclusion.failure_class, conclusion.timeout_name) == ("interrupted", "")
 
 
 def test_r5_3_retries_and_reprobes_draw_from_the_same_ledger_with_their_purpose():
