@@ -113,6 +113,7 @@ def attempt_rows(calls: Sequence[TurnCall], providers: dict[str, Provider]) -> l
             "finish_reason": call.finish_reason,
             "usage": dict(call.usage),
             "error": call.error,
+            "tool_names": dict(call.tool_names),  # which wire name stood for which tool
         }
         for call in calls
     ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from governance.models import ProviderAttempt, Segment, Stage, ToolServer
+from governance.models import Segment, ToolServer
 from governance.services import threads, tool_servers
 
 
@@ -56,13 +56,3 @@ def update_server(
                 name, now, why=f"{name} was {state} by {by}" + (f": {reason}" if reason else "")
             )
     return server, changed, opened
-
-
-def record_wire_names(stage: Stage, tool_names: Mapping[str, str]) -> int:
-    """Record on a turn's provider attempts which wire name stood for which
-    tool (issue 11). A bridge: ``services.refusals.attempt_rows`` does not yet
-    write ``TurnCall.tool_names`` in the close's own transaction, so this
-    writes it right after, on the rows that have none."""
-    return ProviderAttempt.objects.filter(stage=stage, tool_names={}).update(
-        tool_names=dict(tool_names)
-    )

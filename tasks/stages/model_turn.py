@@ -23,7 +23,6 @@ from governance.rules.run_clocks import attempt_allowance, stream_event_is_progr
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
 from governance.services.runs import cancel_requested, mark_progress, run_goal
-from governance.services.tool_registry import record_wire_names
 from tasks import instrumentation as spans
 from tasks.adapters import call_provider
 from tasks.adapters.base import (
@@ -198,8 +197,6 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     closed = stage_service.close_stage(
         stage, conclusion, now, run=run, context=context, last_progress_at=progress.at
     )
-    if any(name != wire for name, wire in tool_names.items()):
-        record_wire_names(stage, tool_names)  # until the close writes TurnCall.tool_names
     for name, amount in conclusion.counts.items():
         spans.count(name, amount)
     return conclusion.outcome, closed
