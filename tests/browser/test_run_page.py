@@ -51,3 +51,43 @@ def test_r5_3_r6_6_on_call_sees_which_use_has_no_known_outcome(page_for, oncall,
     assert "recorded" in rows.nth(1).inner_text()
     notice.scroll_into_view_if_needed()
     shots(page, "run-page-unknown-use")
+
+
+def test_r6_2_an_interrupted_continuation_reads_interrupted_not_timed_out(page_for, oncall, shots):
+    Provider.objects.create(
+        provider_id="breaks", kind="scripted", model="breaks-model",
+        script={
+            "rules": [
+                {"when": {"last_role_not": "tool", "has_tool": "calculator"},
+                 "tool_call": {"name": "calculator", "arguments": {"expression": "6*7"}}},
+                {"when": {"last_role": "tool"}, "stall": {}},
+            ],
+            "default": {"answer": {"text": "What was done so far."}},
+        },
+    )  # fmt: skip
+    now = time_source.now()
+    created = services.create_thread(
+        provider_chain=["breaks"], title="Sums", tool_surface=["calculator"], now=now
+    )
+    run, stage, _ = services.submit_run(
+        Thread.objects.get(id=created.id), input="What is six times seven?", now=now,
+        limits={"model_requests": 4},
+    )  # fmt: skip
+    while (pending := Stage.objects.filter(run=run, finished_at__isnull=True).first()) is not None:
+        run_stage(pending.id)  # each retry and the finalization, in order
+    # The first turn, then three interrupted continuations: two retries used the rest.
+    assert Stage.objects.filter(run=run, failure_class="interrupted").count() == 3
+
+    page = page_for(oncall.username)
+    page.goto(page.url.rstrip("/") + f"/runs/{run.id}/")
+    path = page.locator("ol.decisions")
+    path.wait_for()
+    assert "bounded recovery × 2" in path.inner_text()  # the retries on one line
+    assert "retry 2, drawn from model_requests (1 left)" in path.inner_text()
+    assert "it is not retried after 2 retries: the model_requests budget is used up" in (
+        path.inner_text()
+    )
+    body = page.locator("main").inner_text()
+    assert "interrupted (effect unknown)" in body
+    assert "timed out" not in body and "network" not in body.lower()
+    shots(page, "run-page-interrupted")
