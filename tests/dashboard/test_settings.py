@@ -204,3 +204,30 @@ def test_bad_run_time_setting_refuses_to_start(tmp_path: Path, name, value, mess
     result = _manage("check", env={name: value}, tmp_path=tmp_path)
     assert result.returncode != 0
     assert f"{name} {message}" in result.stderr
+
+
+def test_sqlite_backend_makes_the_folder_of_its_file_and_nothing_for_memory(tmp_path: Path):
+    from dashboard.env import database_from_url
+    from dashboard.sqlite3.base import DatabaseWrapper
+
+    entry = database_from_url(f"sqlite:///{tmp_path}/deep/er/db.sqlite3", base_dir=tmp_path)
+    assert entry["ENGINE"] == "dashboard.sqlite3"
+    for name in (":memory:", entry["NAME"]):
+        wrapper = DatabaseWrapper({**entry, "NAME": name, **_WRAPPER_DEFAULTS}, alias="t")
+        wrapper.get_new_connection(wrapper.get_connection_params()).close()
+    assert (tmp_path / "deep" / "er" / "db.sqlite3").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]
+
+
+_WRAPPER_DEFAULTS = {
+    "USER": "",
+    "PASSWORD": "",
+    "HOST": "",
+    "PORT": "",
+    "ATOMIC_REQUESTS": False,
+    "AUTOCOMMIT": True,
+    "CONN_MAX_AGE": 0,
+    "CONN_HEALTH_CHECKS": False,
+    "TIME_ZONE": None,
+    "TEST": {},
+}
