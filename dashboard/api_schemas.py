@@ -315,6 +315,19 @@ class ThreadQuery(PageQuery):
     pass
 
 
+_QueryTime = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]
+
+
+class InsightsQuery(Query):
+    since: _QueryTime | None = Field(
+        None, description="start of the period (ISO 8601, offset); default: `until` minus 7 days"
+    )
+    until: _QueryTime | None = Field(
+        None, description="end of the period, exclusive (ISO 8601, offset); default: now"
+    )
+    provider: ProviderId | None = Field(None, description="only this provider's sends")
+
+
 def _plain_json(value: Any, depth: int = 0) -> Any:
     """A script the database can store (jsonb refuses NUL in strings and keys)."""
     if depth > 64:
@@ -411,6 +424,40 @@ class NotificationAnswer(Answer):
 class NotificationPage(Answer):
     items: list[NotificationAnswer]
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+
+
+class InsightsInterval(Answer):
+    low: float = Field(description="lower bound of the 95 % Wilson interval (0 to 1)")
+    high: float = Field(description="upper bound of the 95 % Wilson interval (0 to 1)")
+
+
+class ReprobeRow(Answer):
+    tier: Literal["original", "re_render", "history_only", "re_probe", "after_boundary"]
+    step: int = Field(description="the re-probe's number (1, 2, 3 …); 0 for the other tiers")
+    boundary_kind: str | None = Field(description="after_boundary: the boundary's kind")
+    label: str = Field(description="the tier in words, as on the Insights page")
+    provider_id: str | None = Field(description="null in a total over every provider")
+    model: str | None
+    category: str | None = Field(description="the refusal category the send followed")
+    sends: int
+    accepted: int
+    refused: int
+    failed: int = Field(description="sends without an answer (time-based failures, R2.1)")
+    acceptance_rate: float | None = Field(
+        description="accepted / (accepted + refused); null when nothing was answered"
+    )
+    interval: InsightsInterval | None
+    median_seconds_since_refusal: float | None = Field(
+        description="median time from the latest refusal to this send, in seconds"
+    )
+
+
+class ReprobeInsights(Answer):
+    since: str
+    until: str
+    provider: str | None
+    rows: list[ReprobeRow] = Field(description="per tier, provider, model and category")
+    totals: list[ReprobeRow] = Field(description="per tier over every provider")
 
 
 class NotificationAcked(NotificationAnswer):

@@ -245,6 +245,18 @@ OPERATIONS: tuple[Operation, ...] = (
         "a disabled provider is skipped by routing.",
     ),
     Operation(
+        "get", "/api/v1/insights/reprobes",
+        "Re-probe outcomes: how often refused requests flip to accepted, per tier (R3)",
+        {200: ("per tier (original refused send, re-render, history-only, re-probe n, first "
+               "send after a boundary) and per provider, model and category", s.ReprobeInsights)},
+        errors=(400, 401, 403, 405, 500), tags=("insights",),
+        parameters=_query(s.InsightsQuery),
+        description="Needs the `view_insights` permission (operators and managers). The "
+        "acceptance rate is accepted / (accepted + refused) with its 95 % Wilson interval; "
+        "failed sends (time-based failures) gave no answer and are counted apart. Default "
+        "period: the 7 days before now; at most 366 days.",
+    ),
+    Operation(
         "get", "/api/v1/tools", "The tool registry: MCP servers and HTTP tools",
         {200: ("every registry entry", s.ToolList)}, errors=(401, 405, 500), tags=("tools",),
     ),

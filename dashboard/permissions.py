@@ -19,6 +19,7 @@ CANCEL_RUN = "governance.cancel_run"
 APPLY_BOUNDARY = "governance.apply_boundary"
 ACKNOWLEDGE = "governance.acknowledge_notification"
 VIEW_REPORT = "governance.view_delivery_report"
+VIEW_INSIGHTS = "governance.view_insights"
 MANAGE_PROVIDERS = "governance.change_provider"
 MANAGE_TOOLS = "governance.change_toolserver"
 

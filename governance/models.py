@@ -35,6 +35,17 @@ class Provider(models.Model):
     base_cooldown_s = models.FloatField(default=30.0)
     max_cooldown_s = models.FloatField(default=600.0)
     enabled = models.BooleanField(default=True)
+    # Prices per million tokens (issue 12), in ``currency``; None = not priced.
+    price_input_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    price_output_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    price_cached_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    currency = models.CharField(max_length=3, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -324,6 +335,18 @@ class ProviderAttempt(models.Model):
 
     class Meta:
         ordering = ["started_at", "id"]
+        permissions = [("view_insights", "Can see re-probe statistics and refusal costs")]
+        indexes = [
+            models.Index(fields=["started_at"], name="attempt_started"),
+            models.Index(fields=["segment", "provider", "started_at"], name="attempt_seg_provider"),
+            # The Insights query's first step: refusal-related sends of a period.
+            models.Index(
+                fields=["started_at"],
+                name="attempt_refusal_related",
+                condition=Q(result="refused")
+                | Q(kind__in=["re_render", "history_only", "re_probe"]),
+            ),
+        ]
 
 
 class SegmentRefusal(models.Model):

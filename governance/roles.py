@@ -14,6 +14,7 @@ ACTIONS: dict[str, str] = {
     "apply_boundary": "force boundaries",
     "acknowledge_notification": "acknowledge alerts",
     "view_delivery_report": "read the delivery report",
+    "view_insights": "read the re-probe statistics and refusal costs (Insights)",
     "change_provider": "add or change providers",
     "change_toolserver": "add or change registry tools (MCP servers, HTTP tools)",
 }
@@ -22,9 +23,15 @@ ROLES: dict[str, tuple[str, ...]] = {
     # Acknowledges critical freeze alerts; may stop a run that is doing harm.
     "on-call": ("acknowledge_notification", "cancel_run"),
     # Forces new segments (compact, fresh start, switch model) and runs work.
-    "operator": ("acknowledge_notification", "apply_boundary", "submit_run", "cancel_run"),
+    "operator": (
+        "acknowledge_notification",
+        "apply_boundary",
+        "submit_run",
+        "cancel_run",
+        "view_insights",
+    ),
     # Reads everything, changes nothing (no Stop either).
-    "manager": ("view_delivery_report",),
+    "manager": ("view_delivery_report", "view_insights"),
     # Service accounts of the agent products: submit runs, watch and stop them.
     "agent-client": ("submit_run", "cancel_run"),
 }

@@ -61,6 +61,7 @@ ENDPOINTS = {
     "api-segment-detail": ("GET", False, True),
     "api-tools": ("GET, POST", True, True),
     "api-tool": ("GET, PATCH", True, True),
+    "api-insights-reprobes": ("GET", False, True),
     "api-openapi": ("GET", False, False),
 }
 OPTIONAL = {"api-openapi"}

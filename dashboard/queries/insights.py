@@ -1,0 +1,166 @@
+"""Read-only queries of the Insights page and API (issue 12): re-probe outcomes.
+
+The facts are read in a few batched queries; the tiering, the Wilson
+intervals and the medians are ``governance.rules.insights`` (never decided
+here). What is read, for a period ``[start, end)``:
+
+1. the (segment, provider) pairs with a refusal-related send in the period
+   (a refused send, a re-render, a history-only send or a re-probe);
+2. every refusal-related send of those segments up to ``end`` — earlier ones
+   too, because a re-probe's number depends on the refusals before it;
+3. the refusal state a boundary carried over (the closed segment's
+   ``SegmentRefusal`` row, which never changes after the close, R1.4) for
+   providers sent to in the next segment during the period, and the first
+   send of that segment to each of them (R3.8).
+
+Accepted original sends without refusal state change nothing and are not
+read: with refusal state in a segment every send is a re-probe (R3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Exists, Min, OuterRef, Q
+
+from governance.models import Provider, ProviderAttempt, SegmentRefusal
+from governance.rules.insights import (
+    CarriedRefusal,
+    SendFact,
+    TierRow,
+    reprobe_outcomes,
+    tier_sends,
+)
+
+REFUSAL_RELATED = Q(result="refused") | Q(kind__in=["re_render", "history_only", "re_probe"])
+_FIELDS = (
+    "id",
+    "segment_id",
+    "stage_id",
+    "provider__provider_id",
+    "model",
+    "kind",
+    "started_at",
+    "result",
+    "refusal_category",
+    "latency_ms",
+)
+
+
+@dataclass(frozen=True)
+class InsightsQuery:
+    start: datetime
+    end: datetime
+    provider: str = ""  # "" = every provider
+
+
+@dataclass(frozen=True)
+class Insights:
+    query: InsightsQuery
+    rows: list[TierRow]  # per tier, provider, model and category
+    totals: list[TierRow]  # per tier over every provider (the chart)
+
+
+def _fact(row: tuple) -> SendFact:
+    return SendFact(
+        attempt_id=row[0],
+        segment_id=row[1],
+        stage_id=row[2],
+        provider_id=row[3],
+        model=row[4],
+        kind=row[5],
+        started_at=row[6],
+        result=row[7],
+        refusal_category=row[8],
+        latency_ms=row[9],
+    )
+
+
+def _provider_filter(query: InsightsQuery) -> Q:
+    return Q(provider__provider_id=query.provider) if query.provider else Q()
+
+
+def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
+    """The facts of the period, for ``governance.rules.insights.tier_sends``."""
+    in_period = Q(started_at__gte=query.start, started_at__lt=query.end)
+    segments = (
+        ProviderAttempt.objects.filter(REFUSAL_RELATED, in_period, _provider_filter(query))
+        .order_by()
+        .values_list("segment_id", flat=True)
+        .distinct()
+    )
+    sends = {
+        row[0]: _fact(row)
+        for row in ProviderAttempt.objects.filter(
+            REFUSAL_RELATED,
+            _provider_filter(query),
+            segment_id__in=segments,
+            started_at__lt=query.end,
+        )
+        .order_by()
+        .values_list(*_FIELDS)
+    }
+    carried_rows = (
+        SegmentRefusal.objects.filter(segment__next_segment__isnull=False)
+        .filter(Q(refusals__isnull=True) | Q(refusals__gt=0))
+        .filter(
+            Exists(
+                ProviderAttempt.objects.filter(
+                    in_period,
+                    segment_id=OuterRef("segment__next_segment_id"),
+                    provider__provider_id=OuterRef("provider_id"),
+                )
+            )
+        )
+        .values_list(
+            "segment__next_segment_id",
+            "provider_id",
+            "segment__closed_kind",
+            "refusals",
+            "refused_at",
+            "category",
+        )
+    )
+    if query.provider:
+        carried_rows = carried_rows.filter(provider_id=query.provider)
+    carried = [CarriedRefusal(*row) for row in carried_rows]
+    if carried:
+        wanted = {(c.segment_id, c.provider_id) for c in carried}
+        pks = dict(
+            Provider.objects.filter(provider_id__in={p for _, p in wanted}).values_list(
+                "provider_id", "pk"
+            )
+        )
+        firsts = (
+            ProviderAttempt.objects.filter(
+                segment_id__in={s for s, _ in wanted}, provider_id__in=pks.values()
+            )
+            .order_by()
+            .values("segment_id", "provider_id")
+            .annotate(first=Min("started_at"))
+        )
+        first_at = {(row["segment_id"], row["provider_id"]): row["first"] for row in firsts}
+        by_pk = {pk: slug for slug, pk in pks.items()}
+        moments = Q()
+        for (segment_id, provider_pk), at in first_at.items():
+            if (segment_id, by_pk[provider_pk]) in wanted:
+                moments |= Q(segment_id=segment_id, provider_id=provider_pk, started_at=at)
+        if moments:
+            for row in ProviderAttempt.objects.filter(moments).order_by().values_list(*_FIELDS):
+                sends.setdefault(row[0], _fact(row))
+    return list(sends.values()), carried
+
+
+def reprobe_insights(query: InsightsQuery) -> Insights:
+    sends, carried = gather(query)
+    tiered = tier_sends(sends, carried, start=query.start, end=query.end)
+    return Insights(
+        query=query,
+        rows=reprobe_outcomes(tiered, by_provider=True),
+        totals=reprobe_outcomes(tiered, by_provider=False),
+    )
+
+
+def provider_ids() -> list[str]:
+    return list(Provider.objects.order_by("provider_id").values_list("provider_id", flat=True))

@@ -1,0 +1,297 @@
+"""Re-probe outcomes (issue 12): how often a refused request flips to accepted.
+
+The R3.2 schedule (15 min / 1 h / 6 h) was an engineering guess; these
+statistics read the recorded sends and say, per tier, how often the provider
+accepted. Pure: the facts and the period come in as arguments.
+
+A send's **tier** follows from the recorded facts of its (segment, provider),
+replayed in order (R3.1–R3.3, R3.8):
+
+- ``original``: an original (or fallback) send that was refused — the send
+  that starts the quarantine. Accepted originals are not a tier: nothing was
+  refused yet.
+- ``re_render`` / ``history_only``: the quarantine's sends after it (R3.1).
+- ``re_probe`` with ``step`` n: the n-th re-probe of the segment refusal
+  (n = the refusals recorded in this segment so far, R3.2).
+- ``after_boundary`` with the boundary kind: the first send of a new segment
+  to a provider that was still refused (cooling or frozen) in the segment the
+  boundary closed (R3.8).
+
+A **segment refusal** is a refused send that is the provider's last send of
+its turn (the accepted history itself was refused, R3.1); an accepted send
+clears the state (R3.2). The acceptance rate is ``accepted / (accepted +
+refused)``: a send that failed for a time-based reason (R2.1) gave no answer
+about the bytes and is counted apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from statistics import median
+
+Z_95 = 1.959963984540054  # the two-sided 95 % normal quantile
+
+TIER_ORIGINAL = "original"
+TIER_RE_RENDER = "re_render"
+TIER_HISTORY_ONLY = "history_only"
+TIER_RE_PROBE = "re_probe"
+TIER_AFTER_BOUNDARY = "after_boundary"
+TIER_ORDER = (TIER_ORIGINAL, TIER_RE_RENDER, TIER_HISTORY_ONLY, TIER_RE_PROBE, TIER_AFTER_BOUNDARY)
+
+_OPENING_KINDS = ("original", "fallback")
+
+
+class InsightError(ValueError):
+    """Bad input to an insight rule."""
+
+
+@dataclass(frozen=True)
+class SendFact:
+    """One recorded provider request (a ``ProviderAttempt``)."""
+
+    attempt_id: int
+    segment_id: int
+    stage_id: int
+    provider_id: str
+    model: str
+    kind: str  # original / fallback / re_render / history_only / re_probe
+    started_at: datetime
+    result: str  # accepted / refused / failed
+    refusal_category: str = ""
+    latency_ms: int = 0
+
+    @property
+    def answered_at(self) -> datetime:
+        """When the answer came: a refusal is anchored here (R3.2)."""
+        return self.started_at + timedelta(milliseconds=self.latency_ms or 0)
+
+
+@dataclass(frozen=True)
+class CarriedRefusal:
+    """A provider's refusal state when a boundary closed its segment (R1.4, R3.8)."""
+
+    segment_id: int  # the segment the boundary opened
+    provider_id: str
+    boundary_kind: str
+    refusals: int | None
+    refused_at: datetime | None
+    category: str = ""
+
+
+@dataclass(frozen=True)
+class TieredSend:
+    tier: str
+    step: int  # the re-probe number; 0 for the other tiers
+    boundary_kind: str  # after_boundary only
+    provider_id: str
+    model: str
+    category: str
+    result: str
+    at: datetime
+    since_refusal: timedelta | None  # since the latest refusal before this send
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class TierRow:
+    tier: str
+    step: int
+    boundary_kind: str
+    provider_id: str  # "" in a row over every provider
+    model: str
+    category: str
+    sends: int
+    accepted: int
+    refused: int
+    failed: int
+    rate: float | None  # accepted / (accepted + refused); None without an answer
+    interval: Interval | None
+    median_since_refusal: timedelta | None
+    since_samples: int = 0
+
+    @property
+    def answered(self) -> int:
+        return self.accepted + self.refused
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> Interval | None:
+    """The Wilson score interval of a proportion (95 % by default); None for no trials."""
+    if isinstance(successes, bool) or isinstance(trials, bool):
+        raise InsightError("counts must be integers")
+    if trials < 0 or successes < 0 or successes > trials:
+        raise InsightError(f"need 0 <= successes <= trials, got {successes}/{trials}")
+    if trials == 0:
+        return None
+    p = successes / trials
+    z2 = z * z
+    denominator = 1 + z2 / trials
+    centre = (p + z2 / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / denominator
+    return Interval(max(0.0, centre - half), min(1.0, centre + half))
+
+
+def median_duration(values: Iterable[timedelta]) -> timedelta | None:
+    """The median of durations (the mean of the middle two for an even count)."""
+    seconds = [value.total_seconds() for value in values]
+    if not seconds:
+        return None
+    return timedelta(seconds=median(seconds))
+
+
+@dataclass
+class _PairState:
+    refusals: int = 0  # segment refusals since the last accepted send (R3.2)
+    category: str = ""  # of the latest refused send
+    last_refusal_at: datetime | None = None
+    seen: bool = False
+
+
+def tier_sends(
+    sends: Sequence[SendFact],
+    carried: Sequence[CarriedRefusal] = (),
+    *,
+    start: datetime,
+    end: datetime,
+) -> list[TieredSend]:
+    """Each send in ``[start, end)`` that belongs to a tier, with its tier.
+
+    ``sends`` must hold every refusal-related send of the segments concerned
+    (earlier ones too: a re-probe's number depends on the refusals before
+    it), and each segment's first send to a provider named in ``carried``.
+    """
+    if start >= end:
+        raise InsightError("the period must start before it ends")
+    carried_by_pair = {(c.segment_id, c.provider_id): c for c in carried}
+    ordered = sorted(sends, key=lambda s: (s.started_at, s.attempt_id))
+    # The last send of each (stage, provider): its refusal is a segment refusal.
+    last_in_turn: dict[tuple[int, str], int] = {}
+    for send in ordered:
+        last_in_turn[(send.stage_id, send.provider_id)] = send.attempt_id
+    states: dict[tuple[int, str], _PairState] = defaultdict(_PairState)
+    tiered: list[TieredSend] = []
+    for send in ordered:
+        pair = (send.segment_id, send.provider_id)
+        state = states[pair]
+        first = not state.seen
+        state.seen = True
+        tier, step, boundary_kind = None, 0, ""
+        category = state.category
+        since_anchor = state.last_refusal_at
+        came_over = carried_by_pair.get(pair) if first else None
+        if came_over is not None and (came_over.refusals is None or came_over.refusals > 0):
+            tier, boundary_kind = TIER_AFTER_BOUNDARY, came_over.boundary_kind
+            category = came_over.category
+            since_anchor = came_over.refused_at
+        elif send.kind == "re_probe":
+            tier, step = TIER_RE_PROBE, max(1, state.refusals)
+        elif send.kind in (TIER_RE_RENDER, TIER_HISTORY_ONLY):
+            tier = send.kind
+        elif send.kind in _OPENING_KINDS and send.result == "refused":
+            tier = TIER_ORIGINAL
+            category = send.refusal_category or category
+        if send.result == "refused":
+            state.last_refusal_at = send.answered_at
+            state.category = send.refusal_category or state.category
+            if last_in_turn[(send.stage_id, send.provider_id)] == send.attempt_id:
+                state.refusals += 1
+        elif send.result == "accepted":
+            state.refusals = 0  # an accepted send clears the segment's state (R3.2)
+        if tier is None or not (start <= send.started_at < end):
+            continue
+        tiered.append(
+            TieredSend(
+                tier=tier,
+                step=step,
+                boundary_kind=boundary_kind,
+                provider_id=send.provider_id,
+                model=send.model,
+                category=category or send.refusal_category,
+                result=send.result,
+                at=send.started_at,
+                since_refusal=(send.started_at - since_anchor) if since_anchor else None,
+            )
+        )
+    return tiered
+
+
+def _tier_rank(tier: str, step: int, boundary_kind: str) -> tuple[int, int, str]:
+    return (TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER), step, boundary_kind)
+
+
+@dataclass
+class _Tally:
+    sends: int = 0
+    accepted: int = 0
+    refused: int = 0
+    since: list[timedelta] = field(default_factory=list)
+
+
+def reprobe_outcomes(tiered: Iterable[TieredSend], *, by_provider: bool = True) -> list[TierRow]:
+    """Per tier (and, with ``by_provider``, per provider, model and category):
+    sends, accepted, refused, failed, the acceptance rate with its 95 % Wilson
+    interval, and the median time since the latest refusal."""
+    tallies: dict[tuple[str, int, str, str, str, str], _Tally] = defaultdict(_Tally)
+    for send in tiered:
+        key = (
+            send.tier,
+            send.step,
+            send.boundary_kind,
+            send.provider_id if by_provider else "",
+            send.model if by_provider else "",
+            send.category if by_provider else "",
+        )
+        tally = tallies[key]
+        tally.sends += 1
+        tally.accepted += send.result == "accepted"
+        tally.refused += send.result == "refused"
+        if send.since_refusal is not None:
+            tally.since.append(send.since_refusal)
+    rows = []
+    for key, tally in tallies.items():
+        answered = tally.accepted + tally.refused
+        rows.append(
+            TierRow(
+                *key,
+                sends=tally.sends,
+                accepted=tally.accepted,
+                refused=tally.refused,
+                failed=tally.sends - answered,
+                rate=tally.accepted / answered if answered else None,
+                interval=wilson_interval(tally.accepted, answered),
+                median_since_refusal=median_duration(tally.since),
+                since_samples=len(tally.since),
+            )
+        )
+    rows.sort(
+        key=lambda r: (
+            *_tier_rank(r.tier, r.step, r.boundary_kind),
+            r.provider_id,
+            r.model,
+            r.category,
+        )
+    )
+    return rows
+
+
+def tier_label(tier: str, step: int = 0, boundary_kind: str = "") -> str:
+    """The plain words of a tier, the same on the page, in the CSV and the API."""
+    if tier == TIER_ORIGINAL:
+        return "original refused send"
+    if tier == TIER_RE_RENDER:
+        return "re-render"
+    if tier == TIER_HISTORY_ONLY:
+        return "history-only"
+    if tier == TIER_RE_PROBE:
+        return f"re-probe {step}"
+    if tier == TIER_AFTER_BOUNDARY:
+        return f"first send after {boundary_kind.replace('_', ' ') or 'a boundary'}"
+    return tier
