@@ -48,6 +48,7 @@ from governance.models import (
 )
 from governance.rules.refusal import RefusalError, parse_segment_key
 from governance.services import providers as provider_services
+from governance.services.admission import Overloaded
 from governance.services.stages import publish
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
@@ -113,6 +114,10 @@ def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
                 return error_response(exc.status, exc.field, exc.message)
             except services.ServiceError as exc:
                 return error_response(400, exc.field, exc.message)
+            except Overloaded as exc:
+                response = error_response(429, None, exc.message)
+                response["Retry-After"] = str(exc.retry_after_s)
+                return response
 
         return wrapper
 
@@ -356,7 +361,7 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     )
     if created:
         spans.note_admission_segment(run.segment.key)
-        publish([stage.id])
+        publish([stage])
     return JsonResponse(
         {"run_id": str(run.id), "status": run.status, "created": created,
          "url": f"/api/v1/runs/{run.id}"},
@@ -393,7 +398,7 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
     if changed:
         # A queued run settles at once when its next stage is picked up; give
         # it a nudge so an idle run does not wait for the watchdog.
-        pending = run.stages.filter(finished_at__isnull=True).values_list("id", flat=True)
+        pending = run.stages.filter(finished_at__isnull=True).values_list("id", "kind")
         publish(list(pending))
     return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)
 

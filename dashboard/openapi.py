@@ -34,6 +34,7 @@ ERRORS = {
     409: "the request conflicts with the object's state",
     413: f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes",
     415: "the body is not Content-Type: application/json",
+    429: "the turns queue is backed up: the run was not admitted; retry after Retry-After seconds",
     500: "an internal error (logged with the reference it names)",
     503: "the database is unavailable for a moment: nothing was written; retry (Retry-After)",
 }
@@ -145,7 +146,7 @@ OPERATIONS: tuple[Operation, ...] = (
             202: ("admitted; its first stage is queued", s.RunAccepted),
             200: ("the idempotency key's run, made earlier", s.RunAccepted),
         },
-        body=s.RunSubmit, errors=WRITE, tags=("runs",), parameters=(THREAD_ID,),
+        body=s.RunSubmit, errors=(*WRITE, 429), tags=("runs",), parameters=(THREAD_ID,),
     ),
     Operation(
         "post", "/api/v1/threads/{thread_id}/boundaries",

@@ -10,7 +10,10 @@ when the system starts (dashboard/embedded.py).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+
+from kombu import Queue
 
 from dashboard.env import (
     database_from_url,
@@ -211,6 +214,33 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
+# Work separated by kind (issue 13): a backlog of model turns never delays a
+# critical alert. Stages are sent to "turns" or "tools" by their kind
+# (governance.services.broker.STAGE_QUEUES); everything else by task name.
+# `manage.py up` runs one worker on every queue and one on "alerts" alone.
+GOVERNANCE_QUEUES = ("alerts", "turns", "tools", "callbacks", "maintenance")
+CELERY_TASK_DEFAULT_QUEUE = "turns"
+# Declared, so a worker started without -Q consumes all of them.
+CELERY_TASK_QUEUES = [Queue(name, routing_key=name) for name in GOVERNANCE_QUEUES]
+CELERY_TASK_ROUTES = {
+    "tasks.alerts.*": {"queue": "alerts"},
+    "tasks.callbacks.*": {"queue": "callbacks"},
+    "tasks.jobs.*": {"queue": "maintenance"},
+    "tasks.span_store.*": {"queue": "maintenance"},
+    "tasks.registry_tools.*": {"queue": "maintenance"},
+}
+# Backpressure (issue 13): new runs are refused with 429 and Retry-After while
+# the turns queue's oldest message has waited longer than this, or while it
+# holds more messages than this (0 turns a check off).
+GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS = env_int(
+    "GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS", 120, minimum=0
+)
+GOVERNANCE_ADMISSION_MAX_QUEUED = env_int("GOVERNANCE_ADMISSION_MAX_QUEUED", 5000, minimum=0)
+# This host's name in stage claims, spans and the dashboard (default: the
+# machine's); unique per worker host.
+GOVERNANCE_HOST_NAME = (env_str("GOVERNANCE_HOST_NAME") or socket.gethostname()).replace("/", "_")[
+    :80
+]
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Celery's PersistentScheduler, making the schedule file's folder when it opens it.
 CELERY_BEAT_SCHEDULER = "dashboard.embedded:BeatScheduler"

@@ -15,6 +15,7 @@ from governance.rules.refusal import (
     RULE_TEXT,
     max_sends,
 )
+from governance.services.broker import QueueState, queue_states
 from tasks.jobs import read_heartbeat
 from tasks.telemetry import exporter_mode
 
@@ -116,3 +117,12 @@ def refusal_rule_summary() -> dict[str, object]:
         "max_reprobes": MAX_REFUSAL_REPROBES,
         "max_sends": max_sends(),
     }
+
+
+def queue_report() -> list[QueueState]:
+    """Each queue's depth and the age of its oldest message (issue 13); empty
+    when the broker cannot be read now (its own component says so)."""
+    try:
+        return queue_states()
+    except Exception:  # the broker component reports the failure
+        return []

@@ -345,6 +345,6 @@ def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     changed = services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
     if changed:
         # Like the cancel API: nudge the pending stage so the stop is seen promptly.
-        pending = run.stages.filter(finished_at__isnull=True).values_list("id", flat=True)
+        pending = run.stages.filter(finished_at__isnull=True).values_list("id", "kind")
         publish(list(pending))
     return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)

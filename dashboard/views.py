@@ -9,7 +9,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from dashboard.queries import overview as overview_queries
-from dashboard.status import refusal_rule_summary, system_status
+from dashboard.status import queue_report, refusal_rule_summary, system_status
 from governance import time_source
 
 
@@ -27,6 +27,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     clocks = overview_queries.clock_percentiles(now)
     context = {
         "components": system_status(datetime.now(UTC)),
+        "queues": queue_report(),
         "rule": refusal_rule_summary(),
         "alerts": alerts,
         "alert_total": alert_total,
@@ -64,6 +65,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
             "age_seconds": component.age_seconds,
         }
         for component in components
+    }
+    # Depth and oldest wait per queue: a backlog is not "down", but it is news.
+    body["queues"] = {
+        q.name: {"depth": q.depth, "oldest_age_seconds": q.oldest_age_s} for q in queue_report()
     }
     ok = body["database"]["ok"] and body["broker"]["ok"]
     body["ok"] = ok

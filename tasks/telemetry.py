@@ -19,6 +19,7 @@ telemetry is on.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -124,7 +125,13 @@ def build_providers(
     """Tracer and meter providers for ``component`` with the selected exporter."""
     mode = mode or exporter_mode()
     resource = Resource.create(
-        {"service.name": settings.OTEL_SERVICE_NAME, "service.component": component}
+        {
+            "service.name": settings.OTEL_SERVICE_NAME,
+            "service.component": component,
+            # Workers on several hosts are told apart (issue 13), as in stage claims.
+            "host.name": settings.GOVERNANCE_HOST_NAME,
+            "process.pid": os.getpid(),
+        }
     )
     readers: list[MetricReader] = []
     span_exporter: SpanExporter | None = None

@@ -1,13 +1,44 @@
 """Reaching the broker by task name, so governance never imports the execution
 layer. A task registered in this process is applied through its own object,
-which honours Celery's eager mode (the demo, tests); otherwise it is sent."""
+which honours Celery's eager mode (the demo, tests); otherwise it is sent.
+
+Work is separated by kind (issue 13): stages go to ``turns`` or ``tools`` by
+their kind, other tasks by Celery's routes (``CELERY_TASK_ROUTES``). Every
+message carries the time it was sent, so a queue's oldest message tells how
+long the queue has kept work waiting (``queue_states``).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 
-def send_by_name(name: str, args: list[Any], *, countdown: float | None = None) -> None:
+from governance import time_source
+
+log = logging.getLogger(__name__)
+
+SENT_AT_HEADER = "governance_sent_at"
+# Model turns and the finalization wait behind each other; tool calls and
+# verifications are short and must not wait behind a turn backlog.
+STAGE_QUEUES = {
+    "model_turn": "turns",
+    "finalization": "turns",
+    "tool_call": "tools",
+    "verify_effect": "tools",
+}
+
+
+def stage_queue(kind: str) -> str:
+    return STAGE_QUEUES.get(kind, settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+def send_by_name(
+    name: str, args: list[Any], *, countdown: float | None = None, queue: str | None = None
+) -> None:
     from celery import current_app
 
     task = current_app.tasks.get(name)
@@ -15,7 +46,70 @@ def send_by_name(name: str, args: list[Any], *, countdown: float | None = None) 
         # Nothing imported the app's task modules yet (a management command).
         current_app.loader.import_default_modules()
         task = current_app.tasks.get(name)
+    options: dict[str, Any] = {
+        "countdown": countdown or None,
+        "headers": {SENT_AT_HEADER: time_source.now().timestamp()},
+    }
+    if queue:
+        options["queue"] = queue
     if task is not None:
-        task.apply_async(args=args, countdown=countdown or None)
+        task.apply_async(args=args, **options)
     else:
-        current_app.send_task(name, args=args, countdown=countdown or None)
+        current_app.send_task(name, args=args, **options)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as the broker holds it now (``None``: this broker cannot tell)."""
+
+    name: str
+    depth: int | None
+    oldest_age_s: float | None
+
+
+def queue_states(now_ts: float | None = None) -> list[QueueState]:
+    """Depth and the age of the oldest message of each queue, read from Redis
+    (the file-system broker of the embedded defaults cannot tell: ``None``)."""
+    client = _redis()
+    if client is None:
+        return [QueueState(name, None, None) for name in settings.GOVERNANCE_QUEUES]
+    now_ts = time_source.now().timestamp() if now_ts is None else now_ts
+    with client.pipeline(transaction=False) as pipe:
+        for name in settings.GOVERNANCE_QUEUES:
+            pipe.llen(name)
+            pipe.lindex(name, -1)  # kombu pushes on the left and takes from the right
+        answers = pipe.execute()
+    states = []
+    for index, name in enumerate(settings.GOVERNANCE_QUEUES):
+        depth, oldest = answers[2 * index], answers[2 * index + 1]
+        sent_at = _sent_at(oldest)
+        age = None if sent_at is None else max(0.0, now_ts - sent_at)
+        states.append(QueueState(name, int(depth), age if depth else 0.0))
+    return states
+
+
+def _sent_at(raw: bytes | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)["headers"].get(SENT_AT_HEADER)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # a message from elsewhere (beat sends without the header)
+    return float(value) if isinstance(value, int | float) else None
+
+
+_client: Any = None
+
+
+def _redis():
+    """One Redis client per process for the broker's queues, or None when the
+    broker is not Redis."""
+    global _client
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    if _client is None:
+        import redis
+
+        _client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return _client

@@ -5,7 +5,6 @@ exists, and the heartbeat's lease renewal (R6.6; the verdict is
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -30,7 +29,7 @@ def _pid_namespace() -> str:
 
 def _identity() -> tuple[str, str, int]:
     # Read per call: a prefork child has its parent's module state but its own pid.
-    return socket.gethostname().replace("/", "_")[:80], _pid_namespace(), os.getpid()
+    return settings.GOVERNANCE_HOST_NAME, _pid_namespace(), os.getpid()
 
 
 def new_holder() -> str:

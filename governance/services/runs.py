@@ -22,6 +22,7 @@ from governance.models import (
 )
 from governance.rules import claims as claim_rules
 from governance.rules import lifecycle as lc
+from governance.services.admission import Overloaded, check_admission
 from governance.services.audit import audit
 from governance.services.claims import holder_gone, new_holder
 from governance.services.errors import ServiceError
@@ -72,6 +73,16 @@ def submit_run(
     """
     if not isinstance(input, str) or not input.strip():
         raise ServiceError("input", "say what the run should do")
+    try:
+        check_admission()
+    except Overloaded:
+        # A repeat of an admitted run is answered, not refused.
+        existing = (
+            Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
+        )
+        if existing is None or existing.thread_id != thread.id:
+            raise
+        return existing, None, False
     merged = dict(settings.RUN_DEFAULT_BUDGET)
     for name, value in (limits or {}).items():
         if name not in merged:

@@ -43,7 +43,7 @@ from governance.rules.refusal import ProviderRefusal, no_eligible_provider_notic
 from governance.rules.turns import StageConclusion
 from governance.services import callbacks
 from governance.services.alerts import emit_notice
-from governance.services.broker import send_by_name
+from governance.services.broker import send_by_name, stage_queue
 from governance.services.budget import budget_view
 from governance.services.claims import lease
 from governance.services.events import facts_event
@@ -82,18 +82,26 @@ class StaleClaim(Exception):
 # --------------------------------------------------------------------------- publish
 
 
-def publish(stage_ids: Sequence[int], countdowns: Mapping[int, float] | None = None) -> None:
-    """Send stages to the broker once the transaction that created them commits.
+StageRef = Stage | tuple[int, str]  # a stage, or its id and kind
+
+
+def publish(stages: Sequence[StageRef], countdowns: Mapping[int, float] | None = None) -> None:
+    """Send stages to the broker once the transaction that created them commits,
+    each to its kind's queue (``broker.stage_queue``: turns, or tools).
 
     The broker is not part of the commit: a failed send is logged and the
     stage stays queued in the database, where the watchdog's sweep finds it
     (``GOVERNANCE_STAGE_RESEND_AFTER_SECONDS``). The task is reached by name,
     so governance never imports the execution layer.
     """
-    for stage_id in stage_ids:
+    for ref in stages:
+        stage_id, kind = (ref.id, ref.kind) if isinstance(ref, Stage) else ref
         delay = (countdowns or {}).get(stage_id, 0.0)
+        queue = stage_queue(kind)
         transaction.on_commit(
-            lambda sid=stage_id, d=delay: send_by_name(STAGE_TASK, [sid], countdown=d),
+            lambda sid=stage_id, d=delay, q=queue: send_by_name(
+                STAGE_TASK, [sid], countdown=d, queue=q
+            ),
             robust=True,
         )
 
@@ -174,7 +182,7 @@ def give_up_claim(stage: Stage, now: datetime) -> None:
             if Stage.objects.filter(
                 id=stage.id, holder=stage.holder, finished_at__isnull=True
             ).update(lease_until=now):
-                publish([stage.id])
+                publish([stage])
     except DatabaseError:
         log.warning("stage %s: the database is still away; its lease will run out", stage.id)
 
@@ -193,14 +201,14 @@ def wake_next_turn(thread_id: Any, now: datetime, *, thread_locked: bool = False
             parked_at__isnull=False,
         )
         .order_by("parked_at", "id")
-        .values_list("id", flat=True)
+        .values_list("id", "kind")
         .first()
     )
     if waiting is None:
         return None
-    Stage.objects.filter(id=waiting).update(parked_at=None, lease_until=now + lease())
+    Stage.objects.filter(id=waiting[0]).update(parked_at=None, lease_until=now + lease())
     publish([waiting])
-    return waiting
+    return waiting[0]
 
 
 # --------------------------------------------------------------------------- gather
@@ -520,7 +528,7 @@ def _decide(
     )
     if follow is not None:
         new = enqueue_stage(run, follow.kind, dict(follow.payload), now)
-        publish([new.id], {new.id: follow.countdown_s})
+        publish([new], {new.id: follow.countdown_s})
     return decision
 
 
@@ -558,7 +566,9 @@ def finish_skipped(stage: Stage, now: datetime) -> None:
 class WatchedRun:
     run: Run
     held: bool  # a live holder runs one of its stages
-    stale: list[int]  # stages to send again (rules.claims.needs_resend)
+    stale: list[
+        tuple[int, str]
+    ]  # stages to send again, with their kinds (rules.claims.needs_resend)
 
 
 def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun]:
@@ -576,7 +586,7 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
         for run in runs:
             facts = [
                 (
-                    s.id,
+                    (s.id, s.kind),
                     claim_rules.OpenStageFacts(
                         holder=s.holder,
                         lease_until=s.lease_until,
@@ -592,8 +602,8 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
                     run,
                     held=any(claim_rules.holds_live(f, now) for _, f in facts),
                     stale=[
-                        sid
-                        for sid, f in facts
+                        ref
+                        for ref, f in facts
                         if claim_rules.needs_resend(f, now, resend_after=resend_after)
                     ],
                 )

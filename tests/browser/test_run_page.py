@@ -69,7 +69,7 @@ def test_r6_2_an_interrupted_continuation_reads_interrupted_not_timed_out(page_f
     created = services.create_thread(
         provider_chain=["breaks"], title="Sums", tool_surface=["calculator"], now=now
     )
-    run, stage, _ = services.submit_run(
+    run, _stage, _ = services.submit_run(
         Thread.objects.get(id=created.id), input="What is six times seven?", now=now,
         limits={"model_requests": 4},
     )  # fmt: skip

@@ -150,6 +150,7 @@ def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system, tmp_path:
 
     # A SIGKILLed worker is restarted; web and beat keep running.
     pids = _started_pids(lines)
+    assert set(pids) == {"web", "worker", "alerts", "scheduler"}  # alerts: a worker of its own
     os.kill(pids["worker"], signal.SIGKILL)
     restarted = _text_match(lines, re.compile(r"Restarted worker \(pid (\d+)\)\."), 10)
     assert "worker exited with code -9; restarting in 1s (restart 1)" in "".join(lines)
@@ -418,6 +419,13 @@ def test_child_commands_carry_the_level_and_drop_celerys_banners_below_info():
     assert quiet["worker"][quiet["worker"].index("--concurrency") + 1] == "3"
     assert quiet["scheduler"][:4] == ["py", "-m", "celery", "--quiet"]
     assert quiet["scheduler"][-4:] == ["--loglevel", "WARNING", "--schedule", "/s"]
+
+    # Every queue on the worker; the alerts queue also on a process of its own.
+    assert quiet["worker"][quiet["worker"].index("--queues") + 1] == (
+        "alerts,turns,tools,callbacks,maintenance"
+    )
+    assert quiet["alerts"][quiet["alerts"].index("--queues") + 1] == "alerts"
+    assert quiet["alerts"][quiet["alerts"].index("--concurrency") + 1] == "1"
 
     full = _commands("INFO")
     assert "--quiet" not in full["worker"] and "--quiet" not in full["scheduler"]

@@ -106,7 +106,7 @@ def scripted_provider():
 def sent_stages(redis_client) -> list[int]:
     """The stage ids waiting in the real broker's queue."""
     ids = []
-    for raw in redis_client.lrange("celery", 0, -1):
+    for raw in redis_client.lrange("turns", 0, -1):
         headers = json.loads(raw)["headers"]
         if headers["task"] == "tasks.stages.execute_stage":
             ids.extend(ast.literal_eval(headers["argsrepr"]))
@@ -118,6 +118,6 @@ def broker_queue(settings):
     import redis
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete("celery")
+    client.delete("turns")
     yield client
-    client.delete("celery")
+    client.delete("turns")

@@ -67,7 +67,7 @@ def test_broker_back_the_watchdog_resends_a_lost_stage_once(
     thread, manual_clock, broker_queue, settings
 ):
     run, stage, _ = services.submit_run(thread, input="Hello", now=manual_clock())
-    broker_queue.delete("celery")  # the publish was lost (a flushed broker)
+    broker_queue.delete("turns")  # the publish was lost (a flushed broker)
     manual_clock.advance(seconds=settings.GOVERNANCE_STAGE_RESEND_AFTER_SECONDS - 1)
     assert watchdog_pass()["republished"] == 0  # maybe still queued: not yet
     manual_clock.advance(seconds=2)

@@ -236,7 +236,7 @@ def test_r6_1_queued_then_fast_stage_has_large_queue_small_execution(
     thread = Thread.objects.get(id=make_thread(api, ["p"])["id"])
     run, stage, _ = services.submit_run(thread, input="Hello", now=manual_clock())
     manual_clock.advance(seconds=347)  # waited in the queue (the seed's example)
-    publish([stage.id])
+    publish([stage])
     api.wait(str(run.id))
     clocks = Stage.objects.get(id=stage.id).clocks
     assert clocks["queue_ms"] == 347_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -73,6 +74,11 @@ def test_otlp_export_reaches_a_loopback_collector(settings, monkeypatch, collect
     assert attributes["governance.clock.queue_ms"] == 1234
     resource = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}
     assert resource["service.component"] == "test"
+    # Issue 13: which host (as in stage claims) and which process sent it.
+    assert resource["host.name"] == settings.GOVERNANCE_HOST_NAME
+    pids = [a.value.int_value for a in request.resource_spans[0].resource.attributes
+            if a.key == "process.pid"]  # fmt: skip
+    assert pids == [os.getpid()]
 
 
 def test_console_mode_prints_spans(settings, capsys):

@@ -523,7 +523,7 @@ class Scenario:
             thread, input=text, now=self.clock(), trace_context=self._trace(thread), **options
         )
         self.clock.advance(queued_s)
-        publish([stage.id])  # eager: runs now, and every stage it enqueues after it
+        publish([stage])  # eager: runs now, and every stage it enqueues after it
         return Run.objects.get(id=run.id)
 
     def cancelled_run(self, thread: Thread, text: str, by: str) -> Run:
@@ -535,7 +535,7 @@ class Scenario:
         self.clock.advance(20)
         services.request_cancel(run, by=by, now=self.clock())
         self.clock.advance(2)
-        publish([stage.id])
+        publish([stage])
         return Run.objects.get(id=run.id)
 
     def play(self) -> None:

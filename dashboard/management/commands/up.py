@@ -56,7 +56,7 @@ def child_log_level(verbose: bool, log_level: str | None) -> str:
 def child_commands(
     *, host: str, port: int, concurrency: int, level: str, schedule: str, python: str
 ) -> dict[str, list[str]]:
-    """The argv of web, worker and scheduler at ``level``; below INFO without banners."""
+    """The argv of web, workers and scheduler at ``level``; below INFO without banners."""
     quiet = [] if level in FULL_LOG_LEVELS else ["--quiet"]
     return {
         "web": [
@@ -67,7 +67,16 @@ def child_commands(
         "worker": [
             python, "-m", "celery", *quiet, "-A", "tasks", "worker",
             "--loglevel", level, "--concurrency", str(concurrency),
-            "--hostname", f"worker@{os.uname().nodename}",
+            "--hostname", f"worker@{settings.GOVERNANCE_HOST_NAME}",
+            "--queues", ",".join(settings.GOVERNANCE_QUEUES),
+        ],
+        # Critical notifications never wait behind a backlog of turns (R3.6,
+        # R8.2): one process that consumes the alerts queue alone.
+        "alerts": [
+            python, "-m", "celery", *quiet, "-A", "tasks", "worker",
+            "--loglevel", level, "--concurrency", "1",
+            "--hostname", f"alerts@{settings.GOVERNANCE_HOST_NAME}",
+            "--queues", "alerts",
         ],
         "scheduler": [
             python, "-m", "celery", *quiet, "-A", "tasks", "beat",
