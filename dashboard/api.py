@@ -591,6 +591,11 @@ def provider_json(provider: Provider) -> dict[str, Any]:
         "max_cooldown_s": provider.max_cooldown_s,
         "enabled": provider.enabled,
         "breaker": breaker,
+        **{
+            name: None if getattr(provider, name) is None else str(getattr(provider, name))
+            for name in ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok")
+        },
+        "currency": provider.currency or None,
         "created_at": provider.created_at.isoformat(),
         "updated_at": provider.updated_at.isoformat(),
     }

@@ -375,6 +375,17 @@ Script = Annotated[
 ]
 
 
+Price = Annotated[
+    float,
+    Field(ge=0, le=1_000_000, description="price per million tokens, in `currency`"),
+]
+Currency = Annotated[
+    str,
+    StringConstraints(pattern=r"^([A-Z]{3})?$"),
+    Field(description="ISO 4217 code of the prices, e.g. USD (required with a price)"),
+]
+
+
 class ProviderCreate(Body):
     provider_id: ProviderId
     kind: ProviderKind
@@ -388,6 +399,10 @@ class ProviderCreate(Body):
     base_cooldown_s: _range("base_cooldown_s") = 30.0
     max_cooldown_s: _range("max_cooldown_s") = 600.0
     enabled: bool = True
+    price_input_per_mtok: Price | None = None
+    price_output_per_mtok: Price | None = None
+    price_cached_per_mtok: Price | None = None
+    currency: Currency = ""
 
 
 class ProviderUpdate(Body):
@@ -403,6 +418,10 @@ class ProviderUpdate(Body):
     failure_threshold: _range("failure_threshold", int) | None = None
     base_cooldown_s: _range("base_cooldown_s") | None = None
     max_cooldown_s: _range("max_cooldown_s") | None = None
+    price_input_per_mtok: Price | None = None
+    price_output_per_mtok: Price | None = None
+    price_cached_per_mtok: Price | None = None
+    currency: Currency | None = None
     reason: text(2_000) = Field("", description="kept in the audit log with the change")
 
 
@@ -481,6 +500,10 @@ class ProviderAnswer(Answer):
     max_cooldown_s: float
     enabled: bool
     breaker: str
+    price_input_per_mtok: str | None = Field(description="decimal, per million tokens")
+    price_output_per_mtok: str | None
+    price_cached_per_mtok: str | None
+    currency: str | None
     created_at: str
     updated_at: str
 

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from dashboard.queries import costs
 from dashboard.queries import runs as queries
 from governance import time_source
 from governance.models import Provider, Run
@@ -99,4 +100,9 @@ def runs(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     page = queries.run_page(run_id, time_source.now())
     template = "runs/detail.html#run-body" if request.htmx else "runs/detail.html"
-    return render(request, template, {"page": page, "run": page.run})
+    context = {
+        "page": page,
+        "run": page.run,
+        "cost": costs.summary_view(costs.loaded_costs(page.attempts)),
+    }
+    return render(request, template, context)

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
+from dashboard.queries import costs
 from dashboard.queries import segments as queries
 from dashboard.status import human_duration
 from governance import services, time_source
@@ -174,6 +175,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
         models=queries.switchable_models(segment) if can_act else [],
         kinds=KINDS,
         bad_cursor=not readable,
+        cost=costs.summary_view(costs.cost_summary(segment.attempts.all())),
     )
     return render(request, "segments/detail.html", context, status=200 if readable else 400)
 

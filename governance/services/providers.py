@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,7 +51,11 @@ EDITABLE = (
     "base_cooldown_s",
     "max_cooldown_s",
     "enabled",
+    *(PRICES := ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok")),
+    "currency",
 )
+PRICE_MAX = Decimal(1_000_000)  # per million tokens
+CURRENCY = re.compile(r"[A-Z]{3}")
 DEFAULTS: dict[str, Any] = {
     "base_url": "",
     "api_key_env": "",
@@ -61,6 +66,10 @@ DEFAULTS: dict[str, Any] = {
     "base_cooldown_s": 30.0,
     "max_cooldown_s": 600.0,
     "enabled": True,
+    "price_input_per_mtok": None,
+    "price_output_per_mtok": None,
+    "price_cached_per_mtok": None,
+    "currency": "",
 }
 
 
@@ -118,6 +127,28 @@ def _check(values: dict[str, Any]) -> None:
         raise ServiceError("max_cooldown_s", "must not be below base_cooldown_s")
     if not isinstance(values["enabled"], bool):
         raise ServiceError("enabled", "must be true or false")
+    for name in PRICES:
+        values[name] = _price(name, values[name])
+    currency = values["currency"] or ""
+    if currency and not (isinstance(currency, str) and CURRENCY.fullmatch(currency)):
+        raise ServiceError("currency", "a three-letter ISO 4217 code in capitals, e.g. USD")
+    if any(values[name] is not None for name in PRICES) and not currency:
+        raise ServiceError("currency", "name the currency of the prices, e.g. USD")
+
+
+def _price(name: str, value: Any) -> Decimal | None:
+    """A price per million tokens: None (not priced) or a number from 0 to 1,000,000."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ServiceError(name, "must be a price per million tokens (a number), or null")
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        raise ServiceError(name, "must be a price per million tokens (a number), or null") from None
+    if not price.is_finite() or not (0 <= price <= PRICE_MAX):
+        raise ServiceError(name, "must be a number from 0 to 1,000,000 (per million tokens)")
+    return price.quantize(Decimal("0.000001"))
 
 
 def _values(provider: Provider) -> dict[str, Any]:
@@ -127,7 +158,13 @@ def _values(provider: Provider) -> dict[str, Any]:
 def _described(values: dict[str, Any]) -> dict[str, Any]:
     """What the audit entry keeps of a change (the script only as 'set')."""
     return {
-        name: ("(script)" if name == "script" and value is not None else value)
+        name: (
+            "(script)"
+            if name == "script" and value is not None
+            else str(value)
+            if isinstance(value, Decimal)
+            else value
+        )
         for name, value in values.items()
     }
 

@@ -96,6 +96,12 @@ class Command(BaseCommand):
         add.add_argument("--read-timeout", type=float, default=120.0, metavar="SECONDS")
         add.add_argument("--failure-threshold", type=int, default=3)
         add.add_argument("--disabled", action="store_true", help="add it disabled")
+        for kind in ("input", "output", "cached"):
+            add.add_argument(
+                f"--price-{kind}", default=None, metavar="PER_MILLION",
+                help=f"price per million {kind} tokens (with --currency)",
+            )  # fmt: skip
+        add.add_argument("--currency", default="", help="ISO 4217 code of the prices, e.g. USD")
         actions.add_parser("list", help="list the providers as a table")
         for name in ("disable", "enable"):
             sub = actions.add_parser(name, help=f"{name} a provider")
@@ -126,6 +132,10 @@ class Command(BaseCommand):
             read_timeout_s=options["read_timeout"],
             failure_threshold=options["failure_threshold"],
             enabled=not options["disabled"],
+            price_input_per_mtok=options["price_input"],
+            price_output_per_mtok=options["price_output"],
+            price_cached_per_mtok=options["price_cached"],
+            currency=options["currency"],
             by=ACTOR,
             now=time_source.now(),
         )
