@@ -17,6 +17,7 @@ PRICES = Prices(Decimal("2.50"), Decimal("10"), Decimal("1.25"), "USD")
 
 
 def test_cost_from_input_output_and_cached_tokens():
+    """R3.1: cost from input output and cached tokens."""
     # 1,000 input of which 400 cached, 200 output:
     # 600 × 2.50 + 400 × 1.25 + 200 × 10 = 1500 + 500 + 2000 = 4000 per million = 0.004
     cost = attempt_cost({"input_tokens": 1000, "cached_tokens": 400, "output_tokens": 200}, PRICES)
@@ -28,6 +29,7 @@ def test_cost_from_input_output_and_cached_tokens():
 
 
 def test_no_usage_reported_is_unknown_not_zero():
+    """R3.1: no usage reported is unknown not zero."""
     for usage in (None, {}, {"input_tokens": "12"}, {"output_tokens": True}):
         cost = attempt_cost(usage, PRICES)
         assert cost.amount is None and cost.note == NO_USAGE
@@ -40,6 +42,7 @@ def test_no_usage_reported_is_unknown_not_zero():
 
 
 def test_summary_sums_refused_sends_apart_and_counts_the_unknown():
+    """R3.1: summary sums refused sends apart and counts the unknown."""
     items = [
         ("accepted", AttemptCost(Decimal("0.5"), "USD")),
         ("refused", AttemptCost(Decimal("0.25"), "USD")),

@@ -27,12 +27,14 @@ END = T0 + timedelta(days=1)
     [(0, 10, 0.0, 0.2775), (5, 10, 0.2366, 0.7634), (10, 10, 0.7225, 1.0), (1, 4, 0.0456, 0.6994)],
 )
 def test_wilson_interval_matches_hand_computed_values(k, n, low, high):
+    """R3.2: wilson interval matches hand computed values."""
     interval = wilson_interval(k, n)
     assert interval.low == pytest.approx(low, abs=1e-4)
     assert interval.high == pytest.approx(high, abs=1e-4)
 
 
 def test_wilson_interval_of_nothing_is_none_and_bad_counts_raise():
+    """R3.2: wilson interval of nothing is none and bad counts raise."""
     assert wilson_interval(0, 0) is None
     for k, n in ((3, 2), (-1, 2), (True, 2)):
         with pytest.raises(InsightError):
@@ -40,6 +42,7 @@ def test_wilson_interval_of_nothing_is_none_and_bad_counts_raise():
 
 
 def test_median_duration():
+    """R3.2: median duration."""
     assert median_duration([]) is None
     minutes = [timedelta(minutes=m) for m in (1, 3, 10, 20)]
     assert median_duration(minutes) == timedelta(minutes=6.5)
@@ -98,6 +101,7 @@ def test_r3_8_the_first_send_after_a_boundary_carries_the_old_state():
 
 
 def test_sends_outside_the_period_are_not_counted_but_still_number_the_tiers():
+    """R3.2: sends outside the period are not counted but still number the tiers."""
     sends = [
         send(1, "original", "refused", T0 - timedelta(hours=1)),
         send(2, "re_probe", "refused", T0),
