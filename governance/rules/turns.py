@@ -388,30 +388,21 @@ def conclude_turn(
             failure_class=cut_class,
         )  # fmt: skip
     detail = next((c.error for c in reversed(calls) if c.error), "")
-    if outcome.result == "interrupted":
-        # R6.2: the stream broke after its headers and no clock ran out. The
-        # request may have been served (effect unknown); it is neither a
-        # timeout nor evidence of a network failure.
+    # R6.2: a stream that broke after its headers with no clock run out is
+    # ``interrupted`` (the request may have been served, effect unknown):
+    # neither a timeout nor evidence of a network failure. Like a transient
+    # failure, a model request may be retried after it.
+    failure = lc.INTERRUPTED if outcome.result == "interrupted" else outcome.failure_class
+    if failure in lc.RETRYABLE_FAILURE_CLASSES:
         fact = _provider_fact(
             lc.FactKind.TRANSIENT_FAILURE,
             "model_turn",
-            failure_class=lc.INTERRUPTED,
+            failure_class=failure,
             detail=f"{_provider_of(calls)}: {detail}" if detail else _provider_of(calls),
         )
         return StageConclusion(
-            **common, outcome="interrupted", facts=(fact,), failure_class=lc.INTERRUPTED,
-            detail=detail,
-        )  # fmt: skip
-    if outcome.failure_class in lc.TRANSIENT_FAILURE_CLASSES:
-        fact = _provider_fact(
-            lc.FactKind.TRANSIENT_FAILURE,
-            "model_turn",
-            failure_class=outcome.failure_class,
-            detail=f"{_provider_of(calls)}: {detail}" if detail else _provider_of(calls),
-        )
-        return StageConclusion(
-            **common, outcome="failed", facts=(fact,), failure_class=outcome.failure_class,
-            detail=detail,
+            **common, outcome="interrupted" if failure == lc.INTERRUPTED else "failed",
+            facts=(fact,), failure_class=failure, detail=detail,
         )  # fmt: skip
     fact = _provider_fact(
         lc.FactKind.TURN_WITHOUT_PROGRESS,
