@@ -1,4 +1,4 @@
-"""Backpressure (issue 13): whether a new run is admitted while the turns
+"""R6.7 backpressure: whether a new run is admitted while the turns
 queue is backed up. Pure: the queue's state and the bounds are arguments."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _submit(api, thread, key):
     return api.post(f"/api/v1/threads/{thread['id']}/runs", {"input": "hi", "idempotency_key": key})
 
 
-def test_stages_go_to_the_queue_of_their_kind(api, manual_clock, scripted_provider, queues):
+def test_r6_7_stages_go_to_the_queue_of_their_kind(api, manual_clock, scripted_provider, queues):
     thread = _thread(api, scripted_provider)
     assert _submit(api, thread, "k-1").status_code == 202
     stage = Stage.objects.get()
@@ -52,7 +52,7 @@ def test_stages_go_to_the_queue_of_their_kind(api, manual_clock, scripted_provid
     assert json.loads(tool_message)["headers"]["argsrepr"] == f"[{tool.id}]"
 
 
-def test_a_backed_up_turns_queue_answers_429_with_retry_after_and_writes_nothing(
+def test_r6_7_a_backed_up_turns_queue_answers_429_with_retry_after_and_writes_nothing(
     api, manual_clock, scripted_provider, queues, settings
 ):
     settings.GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS = 120
@@ -76,7 +76,9 @@ def test_a_backed_up_turns_queue_answers_429_with_retry_after_and_writes_nothing
     assert _submit(api, thread, "second").status_code == 202
 
 
-def test_a_long_turns_queue_answers_429(api, manual_clock, scripted_provider, queues, settings):
+def test_r6_7_a_long_turns_queue_answers_429(
+    api, manual_clock, scripted_provider, queues, settings
+):
     settings.GOVERNANCE_ADMISSION_MAX_QUEUED = 2
     thread = _thread(api, scripted_provider)
     for key in ("a", "b"):
@@ -87,7 +89,7 @@ def test_a_long_turns_queue_answers_429(api, manual_clock, scripted_provider, qu
     assert "3 waiting stages" in refused.json()["error"]["message"]
 
 
-def test_healthz_reports_each_queue_depth_and_oldest_wait(
+def test_r6_7_healthz_reports_each_queue_depth_and_oldest_wait(
     client, api, manual_clock, scripted_provider, queues
 ):
     thread = _thread(api, scripted_provider)

@@ -74,7 +74,7 @@ def two_hosts(tmp_path, settings):
     broker.delete(*settings.GOVERNANCE_QUEUES)
 
 
-def test_two_hosts_share_the_work_and_run_each_stage_once(two_hosts):
+def test_r6_6_two_hosts_share_the_work_and_run_each_stage_once(two_hosts):
     Provider.objects.create(
         provider_id="p", kind="scripted", model="m",
         script={"default": {"answer": {"text": "done", "chunks": 1}}},
