@@ -19,7 +19,9 @@ def _command(name: str) -> list[str]:
 
 def _queues(name: str) -> set[str]:
     command = _command(name)
-    return set(command[command.index("--queues") + 1].split(",")) if "--queues" in command else set()
+    return (
+        set(command[command.index("--queues") + 1].split(",")) if "--queues" in command else set()
+    )
 
 
 WORKERS = [n for n in SERVICES if "worker" in _command(n)]

@@ -28,8 +28,10 @@ def test_a_manager_reads_the_reprobe_outcomes(page_for, manager, timeline, shots
     assert ratio == pytest.approx(0.5, abs=0.02)
     table = page.locator("#tier-table tbody tr")
     assert table.count() == len(EXPECTED)
-    assert page.get_by_role("link", name="Download CSV").get_attribute("href").startswith(
-        "/insights/reprobes.csv?"
+    assert (
+        page.get_by_role("link", name="Download CSV")
+        .get_attribute("href")
+        .startswith("/insights/reprobes.csv?")
     )
     shots(page, "insights")
     narrow = page_for(manager.username, width=390, height=844)
