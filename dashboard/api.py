@@ -36,6 +36,7 @@ from dashboard.api_schemas import (
     ThreadCreate,
     ThreadQuery,
 )
+from dashboard.queries import costs
 from governance import services, time_source
 from governance.models import (
     ApiToken,
@@ -46,6 +47,7 @@ from governance.models import (
     Segment,
     Thread,
 )
+from governance.rules.cost import attempt_cost, summarize_costs
 from governance.rules.refusal import RefusalError, parse_segment_key
 from governance.services import providers as provider_services
 from governance.services.admission import Overloaded
@@ -222,6 +224,11 @@ def run_json(run: Run) -> dict[str, Any]:
     except Run.settlement.RelatedObjectDoesNotExist:
         settlement = None
     chunks = list(run.chunks.all())
+    # The provider is joined already: the cost adds no query (issue 12, governance.rules.cost).
+    attempts = list(run.attempts.select_related("stage", "provider", "segment"))
+    attempt_costs = [
+        attempt_cost(attempt.usage, costs.prices_of(attempt.provider)) for attempt in attempts
+    ]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
@@ -262,9 +269,16 @@ def run_json(run: Run) -> dict[str, Any]:
                 "status_code": attempt.status_code,
                 "latency_ms": attempt.latency_ms,
                 "segment": attempt.segment.key,
+                "cost": costs.attempt_cost_json(cost),
             }
-            for attempt in run.attempts.select_related("stage", "provider", "segment")
+            for attempt, cost in zip(attempts, attempt_costs, strict=True)
         ],
+        "cost": costs.summary_json(
+            summarize_costs(
+                (attempt.result, cost)
+                for attempt, cost in zip(attempts, attempt_costs, strict=True)
+            )
+        ),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
             for name, b in services.budget_view(run).items()

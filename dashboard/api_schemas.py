@@ -210,6 +210,20 @@ class SettlementAnswer(Answer):
     settled_at: str
 
 
+class CostAnswer(Answer):
+    """What a run's provider requests cost (issue 12). Amounts are decimal strings by
+    currency; requests without reported usage or without a price have no known cost
+    and are counted here, never as 0."""
+
+    total: dict[str, str] = Field(description="known cost by currency, e.g. {'USD': '0.0105'}")
+    refused_sends: dict[str, str] = Field(description="the refused sends' share, by currency")
+    requests: int
+    refused_requests: int
+    without_usage: int = Field(description="requests whose provider reported no usage")
+    not_priced: int = Field(description="requests whose provider has no price for them")
+    refused_without_known_cost: int
+
+
 class RunAnswer(Answer):
     id: str
     thread_id: str
@@ -227,6 +241,7 @@ class RunAnswer(Answer):
     chunks: list[dict]
     body: str
     settlement: SettlementAnswer | None
+    cost: CostAnswer
 
 
 class CancelAnswer(Answer):

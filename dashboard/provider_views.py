@@ -1,19 +1,30 @@
 """Providers page (R2.1–R2.3, R8.1): breaker state in words, recent failures by
 class, and the open segments where a provider is frozen or cooling. Read-only
-for every logged-in role; providers are configured in the Django admin."""
+for every logged-in role; providers are configured in the Django admin, the API
+or ``manage.py provider`` — except their prices (issue 12), which whoever may
+change providers also sets here, through the same service as the API."""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from typing import Any
 
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from dashboard.permissions import MANAGE_PROVIDERS
 from dashboard.queries import providers as queries
 from governance import time_source
+from governance.models import Provider
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 from governance.services.alerts import channel_target_problem
+from governance.services.errors import ServiceError
+from governance.services.providers import update_provider
 
 PER_PAGE = 25
 
@@ -41,18 +52,59 @@ def _alert_channel_rows(now):
     return rows
 
 
-@require_GET
-@login_required
-def providers(request: HttpRequest) -> HttpResponse:
+PRICE_FIELDS = {
+    "price_input_per_mtok": "Input, per million tokens",
+    "price_output_per_mtok": "Output, per million tokens",
+    "price_cached_per_mtok": "Cached input, per million tokens",
+}
+
+
+class PriceForm(forms.Form):
+    """A provider's prices as typed; the service checks them (the API's checks)."""
+
+    price_input_per_mtok = forms.CharField(required=False, max_length=30)
+    price_output_per_mtok = forms.CharField(required=False, max_length=30)
+    price_cached_per_mtok = forms.CharField(required=False, max_length=30)
+    currency = forms.CharField(required=False, max_length=10)
+    reason = forms.CharField(required=False, max_length=500)
+
+    def __init__(self, *args: Any, provider: Provider, **kwargs: Any) -> None:
+        super().__init__(*args, prefix=f"prices-{provider.provider_id}", **kwargs)
+        self.provider = provider
+        for name, label in PRICE_FIELDS.items():
+            self.fields[name].label = label
+            self.fields[name].initial = getattr(provider, name)
+        self.fields["currency"].label = "Currency (ISO 4217, e.g. USD)"
+        self.fields["currency"].initial = provider.currency
+        self.fields["reason"].label = "Why (kept in the audit log)"
+
+    def changes(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        changes: dict[str, Any] = {name: data[name].strip() or None for name in PRICE_FIELDS}
+        changes["currency"] = data["currency"].strip().upper()
+        return changes
+
+
+def _page(request: HttpRequest, *, bad: PriceForm | None = None, status: int = 200):
     now = time_source.now()
     rows = queries.provider_rows(now)
     page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
     queries.add_details(list(page_obj.object_list), now)
+    may_price = request.user.has_perm(MANAGE_PROVIDERS)
+    for row in page_obj.object_list:
+        provider = row.provider
+        if bad is not None and bad.provider.pk == provider.pk:
+            row.price_form = bad
+        elif may_price:
+            row.price_form = PriceForm(provider=provider)
+        else:
+            row.price_form = None
     unavailable = [row for row in rows if not row.available]
     return render(
         request,
         "providers/list.html",
         {
+            "may_price": may_price,
             "page_obj": page_obj,
             "total": len(rows),
             "unavailable": unavailable,
@@ -61,4 +113,38 @@ def providers(request: HttpRequest) -> HttpResponse:
             "boundary_actions": BOUNDARY_ACTIONS_TEXT,
             "alert_channels": _alert_channel_rows(now),
         },
+        status=status,
     )
+
+
+@require_GET
+@login_required
+def providers(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@require_POST
+@login_required
+def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
+    """Issue 12: set a provider's prices per million tokens and their currency.
+    Empty means "no price": its requests then say so instead of costing 0."""
+    if not request.user.has_perm(MANAGE_PROVIDERS):
+        raise PermissionDenied("changing a provider's prices needs the change_provider permission")
+    provider = Provider.objects.filter(provider_id=provider_id).first()
+    if provider is None:
+        raise Http404("no such provider")
+    form = PriceForm(request.POST, provider=provider)
+    if form.is_valid():
+        try:
+            update_provider(
+                provider_id,
+                by=request.user.get_username(),
+                now=time_source.now(),
+                reason=form.cleaned_data["reason"],
+                **form.changes(),
+            )
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, str(exc.message))
+        else:
+            return redirect(f"{reverse('providers')}#provider-{provider_id}")
+    return _page(request, bad=form, status=400)

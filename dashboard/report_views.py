@@ -20,6 +20,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from dashboard.queries import costs
 from dashboard.queries import report as q
 from governance import time_source
 
@@ -209,7 +210,13 @@ AGGREGATE_HEADER = [
     "chunks observed",
     *(f"runs {VERDICT_WORDS[v]}" for v in q.VERDICTS),
     "runs with discrepancies",
+    # Issue 12: the cost of the runs' provider requests; refused sends apart; and the
+    # requests whose cost is unknown (no usage reported, or no price): never counted as 0.
+    "cost",
+    "cost of refused sends",
+    "requests without a known cost",
 ]
+COST_COLUMNS = 3
 DISCREPANCY_HEADER = [
     "run",
     "settled at (UTC)",
@@ -235,6 +242,7 @@ def aggregate_cells(report: q.Report, row: q.GroupRow) -> list[str]:
         str(row.observed),
         *(str(row.evidence[v]) for v in q.VERDICTS),
         str(row.with_discrepancies),
+        *costs.summary_cells(row.cost),
     ]
 
 
@@ -354,6 +362,11 @@ def _range_words(form: ReportForm) -> str:
     return f"from {start.at:%Y-%m-%d %H:%M} to {end.at:%Y-%m-%d %H:%M} UTC"
 
 
+def _split(cells: list[str]) -> tuple[list[str], list[str]]:
+    """The delivery cells and the cost cells, drawn apart on the page."""
+    return cells[:-COST_COLUMNS], cells[-COST_COLUMNS:]
+
+
 @require_GET
 @login_required
 @permission_required(PERMISSION, raise_exception=True)
@@ -375,8 +388,9 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
         range_words=_range_words(form),
         group_word=dict(GROUP_CHOICES)[report.query.group].lower(),
         aggregate_header=AGGREGATE_HEADER,
-        aggregate_rows=[aggregate_cells(report, row) for row in report.groups],
-        total_row=aggregate_cells(report, report.total),
+        aggregate_rows=[_split(aggregate_cells(report, row)) for row in report.groups],
+        total_row=_split(aggregate_cells(report, report.total)),
+        cost=costs.summary_view(report.total.cost),
         page_obj=page,
         discrepancy_rows=[(row, discrepancy_cells(row)) for row in page.object_list],
         chart=chart_of(report),

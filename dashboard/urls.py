@@ -66,6 +66,11 @@ urlpatterns = [
     path("insights/", insights_views.insights, name="insights"),
     path("insights/reprobes.csv", insights_views.insights_csv, name="insights-csv"),
     path("providers/", provider_views.providers, name="providers"),
+    path(
+        "providers/<str:provider_id>/prices",
+        provider_views.provider_prices,
+        name="provider-prices",
+    ),
     path("tools/", tool_views.tools, name="tools"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("docs/api/", openapi.api_reference, name="api-reference"),

@@ -37,6 +37,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, TruncDate
 
+from dashboard.queries.costs import costs_by_run
 from governance.models import (
     BodyChunk,
     Provider,
@@ -45,6 +46,7 @@ from governance.models import (
     Settlement,
     ToolReceipt,
 )
+from governance.rules.cost import AttemptCost, CostSummary, summarize_costs
 from governance.rules.publication import (
     CallbackStatus,
     ChunkFacts,
@@ -259,6 +261,8 @@ class GroupRow:
     evidence: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
     with_discrepancies: int = 0
     discrepancies: int = 0
+    # What the runs' provider requests cost (issue 12; governance.rules.cost).
+    cost: CostSummary = field(default_factory=CostSummary)
 
 
 def grouped_counts(query: ReportQuery) -> list[GroupRow]:
@@ -468,8 +472,11 @@ class Report:
 
 
 def delivery_report(query: ReportQuery) -> Report:
-    """R7.4: the aggregate per group (database) merged with the per-run judgement (rules)."""
+    """R7.4: the aggregate per group (database) merged with the per-run judgement (rules),
+    and the cost of each group's provider requests (one more query)."""
     groups = {row.key: row for row in grouped_counts(query)}
+    run_costs = costs_by_run(settlements(query).values("run_id"))
+    cost_items: dict[Any, list[tuple[str, AttemptCost]]] = defaultdict(list)
     listed: list[DiscrepancyRow] = []
     runs = flagged = 0
     for run in run_deliveries(query):
@@ -479,6 +486,7 @@ def delivery_report(query: ReportQuery) -> Report:
         )
         # Same filters, separate statements: a run settled in between lands here only.
         row = groups.setdefault(key, GroupRow(key=key, outcomes=dict.fromkeys(OUTCOMES, 0)))
+        cost_items[key].extend(run_costs.get(run.run_id, ()))
         if run.verdict:
             row.evidence[run.verdict] += 1
         if run.discrepancies:
@@ -489,8 +497,11 @@ def delivery_report(query: ReportQuery) -> Report:
             listed.append(
                 DiscrepancyRow(run, found.code, CODE_TITLES.get(found.code, ""), found.text)
             )
+    for key, row in groups.items():
+        row.cost = summarize_costs(cost_items.get(key, ()))
     ordered = [groups[key] for key in sorted(groups, key=_sortable)]
     total = GroupRow(key=None, outcomes=dict.fromkeys(OUTCOMES, 0))
+    total.cost = summarize_costs(item for items in cost_items.values() for item in items)
     for row in ordered:
         total.runs += row.runs
         total.committed += row.committed

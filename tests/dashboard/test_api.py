@@ -831,8 +831,12 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "status_code": 200,
             "latency_ms": 1500,
             "segment": run.segment.key,
+            # Issue 12: no usage reported — no amount, and the reason (never 0).
+            "cost": {"amount": None, "currency": None, "unknown_because": "no usage reported"},
         }
     ]
+    assert body["cost"]["requests"] == 1 and body["cost"]["without_usage"] == 1
+    assert body["cost"]["total"] == {}
     assert body["budget"]["model_requests"] == {"limit": 40, "used": 1, "remaining": 39}
     assert body["budget"]["tool_calls"] == {"limit": 20, "used": 1, "remaining": 19}
     assert body["budget"]["web_searches"]["used"] == 0

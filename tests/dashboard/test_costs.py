@@ -130,3 +130,175 @@ def test_the_cli_adds_a_priced_provider_and_refuses_a_bad_price(capsys):
             "provider", "add", "cli-bad", "--kind", "openai", "--model", "gpt",
             "--base-url", "https://example.test/v1", "--price-output", "free", "--currency", "USD",
         )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- API, report, form
+
+
+def _settle(run, at):
+    from governance.rules import lifecycle as lc
+
+    settlement = lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered")
+    services.settle(run, settlement, at)
+
+
+@pytest.fixture
+def api_headers(make_user):
+    user = make_user("cost-reader", "operator")
+    token = "cost-reader-token-" + "y" * 20
+    ApiToken.objects.create(user=user, name="t", key_digest=token_digest(token))
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_the_run_api_gives_each_request_its_cost_and_the_run_its_total(
+    client, api_headers, priced_run
+):
+    run, _segment = priced_run
+    body = client.get(f"/api/v1/runs/{run.id}", headers=api_headers).json()
+    costs = [attempt["cost"] for attempt in body["attempts"]]
+    assert costs[0] == {"amount": "0.003500", "currency": "USD", "unknown_because": None}
+    # The re-render reported no usage: no amount, the reason, never 0.
+    assert costs[1] == {"amount": None, "currency": "USD", "unknown_because": "no usage reported"}
+    assert body["cost"] == {
+        "total": {"USD": "0.010500"},
+        "refused_sends": {"USD": "0.007000"},
+        "requests": 4,
+        "refused_requests": 3,
+        "without_usage": 1,
+        "not_priced": 0,
+        "refused_without_known_cost": 1,
+    }
+
+
+def test_the_run_api_cost_costs_no_query_per_request(client, api_headers, priced_run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run, segment = priced_run
+    url = f"/api/v1/runs/{run.id}"
+    client.get(url, headers=api_headers)  # warm the token's caches alike for both counts
+    with CaptureQueriesContext(connection) as few:
+        client.get(url, headers=api_headers)
+    stage = run.stages.get()
+    for n in range(6):
+        ProviderAttempt.objects.create(
+            run=run, stage=stage, segment=segment,
+            provider=Provider.objects.get(provider_id="alpha"),
+            model="alpha-model", kind="re_probe", request_digest=f"more{n}",
+            started_at=NOW + timedelta(minutes=n), result="refused", usage={"output_tokens": 1},
+        )  # fmt: skip
+    with CaptureQueriesContext(connection) as many:
+        body = client.get(url, headers=api_headers).json()
+    assert len(many) == len(few)
+    assert body["cost"]["requests"] == 10
+
+
+def test_the_delivery_report_shows_cost_refused_cost_and_unknown_per_group(
+    client, manager, priced_run
+):
+    import csv
+    import io
+
+    run, _segment = priced_run
+    _settle(run, NOW - timedelta(minutes=1))
+    client.force_login(manager)
+    params = {"from": "2025-03-10", "to": "2025-03-10", "group": "day"}
+    page = client.get(reverse("report"), params).content.decode()
+    assert "Cost of provider requests" in page
+    assert "0.0105 USD" in page and "0.0070 USD" in page
+    assert "1 no usage reported" in page and "not counted as 0" in page
+    rows = list(csv.reader(io.StringIO(client.get(reverse("report-csv"), params).content.decode())))
+    header = rows[0]
+    assert header[-3:] == ["cost", "cost of refused sends", "requests without a known cost"]
+    day = rows[1]
+    assert day[0] == "2025-03-10" and day[-3:] == ["0.0105 USD", "0.0070 USD", "1"]
+
+
+def test_a_group_whose_requests_report_no_usage_says_unknown_not_zero(client, manager):
+    create_provider(
+        provider_id="alpha", kind="scripted", model="alpha-model", script={}, by="t", now=NOW,
+        price_input_per_mtok=1, currency="USD",
+    )  # fmt: skip
+    thread = services.create_thread(provider_chain=["alpha"], now=NOW)
+    run, stage, _ = services.submit_run(thread, input="hi", now=NOW)
+    ProviderAttempt.objects.create(
+        run=run, stage=stage, segment=run.segment,
+        provider=Provider.objects.get(provider_id="alpha"),
+        model="alpha-model", kind="original", request_digest="x", started_at=NOW,
+        result="accepted", usage={},
+    )  # fmt: skip
+    _settle(run, NOW)
+    client.force_login(manager)
+    params = {"from": "2025-03-10", "to": "2025-03-10", "group": "provider", "format": "csv"}
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(client.get(reverse("report-csv"), params).content.decode())))
+    assert rows[1][0] == "alpha" and rows[1][-3:] == ["unknown", "—", "1"]
+
+
+@pytest.fixture
+def price_setter(make_user):
+    from django.contrib.auth.models import Permission
+
+    user = make_user("pat-prices", "operator")
+    user.user_permissions.add(Permission.objects.get(codename="change_provider"))
+    return user
+
+
+def test_the_providers_page_sets_prices_through_the_service_and_audits(client, price_setter):
+    from governance.models import AuditEntry
+
+    create_provider(provider_id="alpha", kind="scripted", model="m", script={}, by="t", now=NOW)
+    client.force_login(price_setter)
+    page = client.get(reverse("providers")).content.decode()
+    assert "No prices" in page and "Change the prices of alpha" in page
+    response = client.post(
+        reverse("provider-prices", args=["alpha"]),
+        {
+            "prices-alpha-price_input_per_mtok": "2.5",
+            "prices-alpha-price_output_per_mtok": "10",
+            "prices-alpha-price_cached_per_mtok": "",
+            "prices-alpha-currency": "usd",
+            "prices-alpha-reason": "list price of March",
+        },
+    )
+    assert response.status_code == 302
+    alpha = Provider.objects.get(provider_id="alpha")
+    assert (alpha.price_input_per_mtok, alpha.price_output_per_mtok) == (
+        Decimal("2.5"),
+        Decimal(10),
+    )
+    assert alpha.price_cached_per_mtok is None and alpha.currency == "USD"
+    entry = AuditEntry.objects.get(action="provider.update", target_id="alpha")
+    assert entry.actor == "pat-prices" and entry.reason == "list price of March"
+    page = client.get(reverse("providers")).content.decode()
+    assert "Input 2.500000, output 10.000000" in page and "USD per million tokens" in page
+
+
+def test_a_bad_price_is_a_form_error_and_changes_nothing(client, price_setter):
+    create_provider(provider_id="alpha", kind="scripted", model="m", script={}, by="t", now=NOW)
+    client.force_login(price_setter)
+    response = client.post(
+        reverse("provider-prices", args=["alpha"]),
+        {"prices-alpha-price_output_per_mtok": "free", "prices-alpha-currency": "USD"},
+    )
+    assert response.status_code == 400
+    assert "must be a price per million tokens" in response.content.decode()
+    response = client.post(
+        reverse("provider-prices", args=["alpha"]), {"prices-alpha-price_input_per_mtok": "1"}
+    )
+    assert response.status_code == 400 and "name the currency" in response.content.decode()
+    assert Provider.objects.get(provider_id="alpha").price_output_per_mtok is None
+
+
+def test_only_who_may_change_providers_sets_prices(client, operator, oncall):
+    create_provider(provider_id="alpha", kind="scripted", model="m", script={}, by="t", now=NOW)
+    client.force_login(oncall)
+    assert "Change the prices" not in client.get(reverse("providers")).content.decode()
+    response = client.post(
+        reverse("provider-prices", args=["alpha"]),
+        {"prices-alpha-price_input_per_mtok": "1", "prices-alpha-currency": "USD"},
+    )
+    assert response.status_code == 403
+    assert Provider.objects.get(provider_id="alpha").price_input_per_mtok is None

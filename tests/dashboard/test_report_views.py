@@ -325,8 +325,9 @@ def test_r84_quick_links_cover_24h_7_and_30_days_and_keep_the_grouping(client, m
     assert day.status_code == 200
     assert 'name="from" type="datetime-local" value="2025-03-09T12:00"' in day.content.decode()
     # one completed run, one chunk committed, sent and observed, all acknowledged
+    # (issue 12: its one request reported no usage — the cost is unknown, not 0)
     assert aggregate_rows(day) == [
-        ["alpha", "1", "1", "0", "0", "0", "1", "1", "1", "1"] + ["0"] * 4
+        ["alpha", "1", "1", "0", "0", "0", "1", "1", "1", "1"] + ["0"] * 4 + ["unknown", "—", "1"]
     ]
 
 
@@ -716,7 +717,7 @@ def test_r84_csv_holds_exactly_the_rows_on_screen(client, manager, providers, gr
         == 'attachment; filename="delivery-report-2025-03-03-2025-03-10.csv"'
     )
     agg_header, agg_rows, disc_header, disc_rows = read_csv(response)
-    assert agg_header[0] == f"group ({group})" and len(agg_header) == 14
+    assert agg_header[0] == f"group ({group})" and len(agg_header) == 17  # 3 of cost
     assert disc_header[:2] == ["run", "settled at (UTC)"] and len(disc_header) == 10
     assert agg_rows == aggregate
     assert [row[:1] + row[2:] for row in disc_rows] == [row[:1] + row[2:] for row in listed]
