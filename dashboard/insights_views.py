@@ -21,11 +21,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from dashboard.env import parse_duration
 from dashboard.permissions import VIEW_INSIGHTS
 from dashboard.queries import insights as q
 from dashboard.report_views import Bound, _parse_bound, csv_safe
-from governance import time_source
-from governance.rules.insights import TierRow, tier_label
+from dashboard.status import human_duration
+from governance import services, time_source
+from governance.rules.insights import ScheduleReplay, TierRow, WhatIf, tier_label
+from governance.rules.refusal import MAX_SCHEDULE_TIERS, RefusalError, check_schedule
 
 PER_PAGE = 50
 MAX_DAYS = 366
@@ -78,6 +81,125 @@ class InsightsForm(forms.Form):
     def query(self) -> q.InsightsQuery:
         data = self.cleaned_data
         return q.InsightsQuery(start=data["from"].at, end=data["to"].at, provider=data["provider"])
+
+
+class WhatIfForm(forms.Form):
+    """A proposed re-probe schedule (R3.2): the number of re-probes and their delays."""
+
+    tiers = forms.IntegerField(
+        label="Re-probes", min_value=1, max_value=MAX_SCHEDULE_TIERS,
+        help_text=f"1 to {MAX_SCHEDULE_TIERS}",
+    )  # fmt: skip
+    delays = forms.CharField(
+        label="Delays after each refusal", max_length=200,
+        help_text="comma-separated, e.g. 15m, 1h, 6h (s, m, h)",
+    )  # fmt: skip
+
+    def clean_delays(self) -> tuple[timedelta, ...]:
+        try:
+            return tuple(
+                parse_duration(part) for part in self.cleaned_data["delays"].split(",")
+                if part.strip()
+            )  # fmt: skip
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        tiers, delays = data.get("tiers"), data.get("delays")
+        if tiers is not None and delays is not None:
+            if len(delays) != tiers:
+                raise forms.ValidationError(
+                    f"{tiers} re-probe{'s' if tiers != 1 else ''} need{'s' if tiers == 1 else ''} "
+                    f"{tiers} delay{'s' if tiers != 1 else ''}, one per re-probe; "
+                    f"{len(delays)} given."
+                )
+            try:
+                data["delays"] = check_schedule(delays)
+            except RefusalError as exc:
+                raise forms.ValidationError(f"{exc}.") from None
+        return data
+
+
+def _what_if_form(request: HttpRequest) -> WhatIfForm:
+    if "delays" in request.GET or "tiers" in request.GET:
+        return WhatIfForm(request.GET)
+    default = services.reprobe_delays()
+    return WhatIfForm(
+        initial={"tiers": len(default), "delays": ", ".join(_short(d) for d in default)}
+    )
+
+
+def _short(delay: timedelta) -> str:
+    return human_duration(delay).replace(" min", "m").replace(" h", "h").replace(" s", "s")
+
+
+def _schedule_words(delays: tuple[timedelta, ...] | None) -> str:
+    if delays is None:
+        return "as recorded"
+    return ", ".join(human_duration(d) for d in delays)
+
+
+def _expected(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.1f}" if abs(value) >= 0.05 else "±0"
+
+
+def what_if_view(result: WhatIf) -> dict[str, Any]:
+    """The replay as the page says it: the current and the proposed schedule side by side."""
+
+    def column(replay: ScheduleReplay) -> dict[str, str]:
+        return {
+            "schedule": _schedule_words(replay.delays),
+            "sends": _expected(replay.reprobe_sends),
+            "answers": _expected(replay.answers),
+            "frozen": _expected(replay.frozen),
+            "could_freeze": str(replay.could_freeze),
+            "median_to_freeze": duration_words(replay.median_to_freeze),
+        }
+
+    current, proposed = result.current, result.proposed
+    as_run = column(current)
+    as_run["schedule"] = (
+        "; ".join(_schedule_words(schedule) for schedule in result.schedules_as_run)
+        + (" (by segment)" if len(result.schedules_as_run) > 1 else "")
+    ) or "—"
+    by_pair = {(r.segment_id, r.provider_id): r for r in proposed.replays}
+    segments = [
+        {
+            "segment_id": now.segment_id,
+            "provider_id": now.provider_id,
+            "refused_at": now.refused_at,
+            "current": now.frozen_at,
+            "proposed": by_pair[(now.segment_id, now.provider_id)].frozen_at,
+        }
+        for now in current.replays
+    ]
+    return {
+        "result": result,
+        "current": as_run,
+        "proposed": column(proposed),
+        "extra_sends": _signed(result.extra_sends),
+        "gained": _signed(result.answers_gained),
+        "rates": [
+            {
+                "step": rate.step,
+                "rate": percent(rate.rate) if rate.answered else "no data (counted as 0 %)",
+                "sample": rate.answered,
+                "accepted": rate.accepted,
+                "borrowed": rate.source_step if rate.source_step not in (None, rate.step) else None,
+            }
+            for rate in result.rates
+        ],
+        "segments": segments[:WHAT_IF_SEGMENTS],
+        "more_segments": max(0, len(segments) - WHAT_IF_SEGMENTS),
+    }
+
+
+WHAT_IF_SEGMENTS = 20
 
 
 def _days(now: datetime, days: int) -> tuple[str, str]:
@@ -188,30 +310,56 @@ def _range_words(form: InsightsForm) -> str:
 def insights(request: HttpRequest) -> HttpResponse:
     now = time_source.now()
     form = _form(request, now)
-    context: dict[str, Any] = {"form": form, "quick_links": _quick_links(request, now)}
-    if not form.is_valid():
+    proposal = _what_if_form(request)
+    context: dict[str, Any] = {
+        "form": form,
+        "quick_links": _quick_links(request, now),
+        "what_if_form": proposal,
+        "period_params": _period_params(request, now),
+    }
+    if not form.is_valid() or (proposal.is_bound and not proposal.is_valid()):
+        if form.is_valid():  # the period is fine: show its numbers with the form's errors
+            context.update(_numbers(request, form, q.reprobe_insights(form.query())))
         return render(request, "insights/reprobes.html", context, status=400)
-    result = q.reprobe_insights(form.query())
+    result = q.reprobe_insights(
+        form.query(),
+        proposed=proposal.cleaned_data["delays"] if proposal.is_bound else None,
+        delays=lambda _segment_id, _provider_id: services.reprobe_delays(),
+        now=now,
+    )
+    context.update(_numbers(request, form, result))
+    if result.what_if is not None:
+        context["what_if"] = what_if_view(result.what_if)
+    return render(request, "insights/reprobes.html", context)
+
+
+def _period_params(request: HttpRequest, now: datetime) -> list[tuple[str, str]]:
+    """The period's filters, carried by the what-if form as hidden fields."""
+    data = _with_defaults(request.GET, now)
+    return [(name, data.get(name, "")) for name in ("from", "to", "provider")]
+
+
+def _numbers(request: HttpRequest, form: InsightsForm, result: q.Insights) -> dict[str, Any]:
     page = Paginator(result.rows, PER_PAGE).get_page(request.GET.get("page"))
     params = request.GET.copy()
-    params.pop("page", None)
+    for name in ("page", "tiers", "delays"):
+        params.pop(name, None)
     query = form.query()
     api_params = QueryDict(mutable=True)
     api_params["since"] = query.start.strftime("%Y-%m-%dT%H:%M:%SZ")
     api_params["until"] = query.end.strftime("%Y-%m-%dT%H:%M:%SZ")
     if query.provider:
         api_params["provider"] = query.provider
-    context.update(
-        result=result,
-        range_words=_range_words(form),
-        totals=[display(row) for row in result.totals],
-        page_obj=page,
-        rows=[display(row) for row in page.object_list],
-        sends=sum(row.sends for row in result.totals),
-        csv_href=f"{reverse('insights-csv')}?{params.urlencode()}",
-        api_href=f"{reverse('api-insights-reprobes')}?{api_params.urlencode()}",
-    )
-    return render(request, "insights/reprobes.html", context)
+    return {
+        "result": result,
+        "range_words": _range_words(form),
+        "totals": [display(row) for row in result.totals],
+        "page_obj": page,
+        "rows": [display(row) for row in page.object_list],
+        "sends": sum(row.sends for row in result.totals),
+        "csv_href": f"{reverse('insights-csv')}?{params.urlencode()}",
+        "api_href": f"{reverse('api-insights-reprobes')}?{api_params.urlencode()}",
+    }
 
 
 class _Echo:

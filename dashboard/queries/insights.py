@@ -15,22 +15,31 @@ here). What is read, for a period ``[start, end)``:
 
 Accepted original sends without refusal state change nothing and are not
 read: with refusal state in a segment every send is a re-probe (R3.2).
+
+The what-if replay (``governance.rules.insights.what_if``) reads, besides, the
+recorded turns of the segments whose timelines it replays: each turn that sent
+to a provider (an attempt) or skipped one (its ``llm-fallback`` card, R3.5) —
+two more queries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Exists, Min, OuterRef, Q
 
-from governance.models import Provider, ProviderAttempt, SegmentRefusal
+from governance.models import Provider, ProviderAttempt, RunEvent, SegmentRefusal
 from governance.rules.insights import (
     CarriedRefusal,
     SendFact,
     TierRow,
+    WhatIf,
+    refusal_timelines,
     reprobe_outcomes,
     tier_sends,
+    what_if,
 )
 
 REFUSAL_RELATED = Q(result="refused") | Q(kind__in=["re_render", "history_only", "re_probe"])
@@ -60,6 +69,7 @@ class Insights:
     query: InsightsQuery
     rows: list[TierRow]  # per tier, provider, model and category
     totals: list[TierRow]  # per tier over every provider (the chart)
+    what_if: WhatIf | None = None  # the replay under a proposed schedule, when asked
 
 
 def _fact(row: tuple) -> SendFact:
@@ -152,13 +162,65 @@ def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
     return list(sends.values()), carried
 
 
-def reprobe_insights(query: InsightsQuery) -> Insights:
+def turn_times(segment_ids: Iterable[int], until: datetime) -> dict[int, list[datetime]]:
+    """Each segment's recorded model turns before ``until``: every turn that sent to a
+    provider or skipped one (its fallback card, R3.5), at its earliest moment."""
+    segment_ids = list(set(segment_ids))
+    first: dict[tuple[int, int], datetime] = {}
+    if not segment_ids:
+        return {}
+    sent = (
+        ProviderAttempt.objects.filter(segment_id__in=segment_ids, started_at__lt=until)
+        .order_by()
+        .values_list("segment_id", "stage_id")
+        .annotate(at=Min("started_at"))
+    )
+    skipped = (
+        RunEvent.objects.filter(segment_id__in=segment_ids, kind="llm-fallback", at__lt=until)
+        .order_by()
+        .values_list("segment_id", "stage_id")
+        .annotate(at=Min("at"))
+    )
+    for rows in (sent, skipped):
+        for segment_id, stage_id, at in rows:
+            key = (segment_id, stage_id)
+            if key not in first or at < first[key]:
+                first[key] = at
+    turns: dict[int, list[datetime]] = {}
+    for (segment_id, _stage), at in first.items():
+        turns.setdefault(segment_id, []).append(at)
+    return {segment_id: sorted(times) for segment_id, times in turns.items()}
+
+
+def reprobe_insights(
+    query: InsightsQuery,
+    *,
+    proposed: Sequence[timedelta] | None = None,
+    delays: Callable[[int, str], Sequence[timedelta]] | None = None,
+    now: datetime | None = None,
+) -> Insights:
+    """The tiers of the period; with ``proposed`` (and ``delays``, the schedule each
+    (segment, provider) ran under, and ``now``) the what-if replay as well."""
     sends, carried = gather(query)
     tiered = tier_sends(sends, carried, start=query.start, end=query.end)
+    replay = None
+    if proposed is not None:
+        if delays is None or now is None:
+            raise ValueError("a what-if needs the schedules it ran under and the time")
+        horizon = min(query.end, now)
+        timelines = refusal_timelines(
+            sends,
+            turn_times({send.segment_id for send in sends}, horizon),
+            start=query.start,
+            end=query.end,
+            delays=delays,
+        )
+        replay = what_if(timelines, proposed, tiered, now=horizon)
     return Insights(
         query=query,
         rows=reprobe_outcomes(tiered, by_provider=True),
         totals=reprobe_outcomes(tiered, by_provider=False),
+        what_if=replay,
     )
 
 

@@ -27,8 +27,8 @@ about the bytes and is counted apart.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
@@ -295,3 +295,291 @@ def tier_label(tier: str, step: int = 0, boundary_kind: str = "") -> str:
     if tier == TIER_AFTER_BOUNDARY:
         return f"first send after {boundary_kind.replace('_', ' ') or 'a boundary'}"
     return tier
+
+
+# --------------------------------------------------------------------------- what if
+#
+# Replay the recorded refusal timelines of a period under another schedule
+# (R3.2's delays and number of re-probes). An estimate from recorded data:
+#
+# - a **timeline** starts at a segment refusal of a (segment, provider) with no
+#   refusal state yet (R3.1) and ends at its first accepted send;
+# - the segment's recorded turns after it are the moments a re-probe could have
+#   gone out: re-probe n goes at the first turn at or after the latest refusal
+#   plus the n-th delay (R3.2);
+# - the chance that re-probe n is accepted is the observed acceptance rate of
+#   re-probe n over the period (a step without answers borrows the nearest step
+#   below it that has some) — it assumes the chance depends on the re-probe's
+#   number, not on its delay;
+# - a timeline whose re-probes are all refused is frozen at its last re-probe.
+
+
+@dataclass(frozen=True)
+class RefusalTimeline:
+    segment_id: int
+    provider_id: str
+    refused_at: datetime  # the segment refusal that opened it
+    turns: tuple[datetime, ...]  # the segment's later recorded turns, in order
+    delays: tuple[timedelta, ...]  # the schedule it ran under
+    opening_sends: int  # the refused provider's sends in the opening turn (R3.1)
+    reprobes: int  # recorded re-probe sends, whatever their answer
+    refused_reprobes: int  # of which refused (each moves the schedule on, R3.2)
+    accepted: bool  # a recorded send was accepted (the state cleared, R3.2)
+
+    @property
+    def frozen(self) -> bool:
+        """Recorded: every re-probe of its schedule used up and refused."""
+        return not self.accepted and self.refused_reprobes >= len(self.delays)
+
+
+@dataclass(frozen=True)
+class FlipRate:
+    step: int  # re-probe n
+    accepted: int
+    answered: int  # accepted + refused: the sample the rate comes from
+    source_step: int | None  # the step whose sample is used; None: no sample at all
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.answered if self.answered else 0.0
+
+
+@dataclass(frozen=True)
+class TimelineReplay:
+    segment_id: int
+    provider_id: str
+    refused_at: datetime
+    reprobe_times: tuple[datetime, ...]  # when each re-probe would go out
+    frozen_at: datetime | None  # the last re-probe, when every re-probe fits
+    frozen_chance: float  # the chance that all of them are refused
+
+
+@dataclass(frozen=True)
+class ScheduleReplay:
+    delays: tuple[timedelta, ...] | None  # None: each timeline's own schedule
+    timelines: int
+    reprobe_sends: float  # expected re-probes sent to refusing providers
+    answers: float  # expected accepted re-probes
+    frozen: float  # expected timelines frozen
+    could_freeze: int  # timelines that lived long enough to use every re-probe
+    median_to_freeze: timedelta | None  # first refusal → freeze, over ``could_freeze``
+    replays: tuple[TimelineReplay, ...]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    current: ScheduleReplay  # each timeline under the schedule it ran under
+    proposed: ScheduleReplay
+    rates: tuple[FlipRate, ...]
+    opening_sends: int  # the same under any schedule
+    recorded_reprobes: int
+    recorded_accepted: int
+    recorded_frozen: int
+    schedules_as_run: tuple[tuple[timedelta, ...], ...] = ()  # distinct, most used first
+
+    @property
+    def timelines(self) -> int:
+        return self.current.timelines
+
+    @property
+    def extra_sends(self) -> float:
+        return self.proposed.reprobe_sends - self.current.reprobe_sends
+
+    @property
+    def answers_gained(self) -> float:
+        """Positive: answers gained; negative: answers lost."""
+        return self.proposed.answers - self.current.answers
+
+
+def refusal_timelines(
+    sends: Sequence[SendFact],
+    turns: Mapping[int, Sequence[datetime]],
+    *,
+    start: datetime,
+    end: datetime,
+    delays: Callable[[int, str], Sequence[timedelta]],
+) -> list[RefusalTimeline]:
+    """The refusal timelines opened in ``[start, end)``.
+
+    ``sends`` as for :func:`tier_sends`; ``turns``: each segment's recorded
+    turn times (any provider sent to or skipped); ``delays(segment_id,
+    provider_id)``: the schedule the pair ran under.
+    """
+    if start >= end:
+        raise InsightError("the period must start before it ends")
+    ordered = sorted(sends, key=lambda s: (s.started_at, s.attempt_id))
+    last_in_turn: dict[tuple[int, str], int] = {}
+    per_turn: dict[tuple[int, str], int] = defaultdict(int)
+    for send in ordered:
+        last_in_turn[(send.stage_id, send.provider_id)] = send.attempt_id
+        per_turn[(send.stage_id, send.provider_id)] += 1
+    open_: dict[tuple[int, str], dict] = {}
+    done: list[dict] = []
+    for send in ordered:
+        pair = (send.segment_id, send.provider_id)
+        timeline = open_.get(pair)
+        if timeline is not None and send.kind == "re_probe":
+            timeline["reprobes"] += 1
+        if send.result == "accepted":
+            if timeline is not None:
+                timeline["accepted"] = True
+                done.append(open_.pop(pair))
+            continue
+        if send.result != "refused":
+            continue
+        if last_in_turn[(send.stage_id, send.provider_id)] != send.attempt_id:
+            continue  # the quarantine goes on in this turn (R3.1)
+        if timeline is None:
+            open_[pair] = {
+                "pair": pair,
+                "refused_at": send.answered_at,
+                "opening_sends": per_turn[(send.stage_id, send.provider_id)],
+                "reprobes": 0,
+                "refused_reprobes": 0,
+                "accepted": False,
+            }
+        elif send.kind == "re_probe":
+            timeline["refused_reprobes"] += 1
+    done.extend(open_.values())
+    timelines = []
+    for item in done:
+        segment_id, provider_id = item["pair"]
+        refused_at = item["refused_at"]
+        if not (start <= refused_at < end):
+            continue
+        later = tuple(sorted(t for t in turns.get(segment_id, ()) if t > refused_at))
+        timelines.append(
+            RefusalTimeline(
+                segment_id=segment_id,
+                provider_id=provider_id,
+                refused_at=refused_at,
+                turns=later,
+                delays=tuple(delays(segment_id, provider_id)),
+                opening_sends=item["opening_sends"],
+                reprobes=item["reprobes"],
+                refused_reprobes=item["refused_reprobes"],
+                accepted=item["accepted"],
+            )
+        )
+    timelines.sort(key=lambda t: (t.refused_at, t.segment_id, t.provider_id))
+    return timelines
+
+
+def flip_rates(tiered: Iterable[TieredSend], steps: int) -> tuple[FlipRate, ...]:
+    """The observed acceptance of re-probe 1 … ``steps`` (R3.2), with its sample.
+
+    A step without an answered re-probe borrows the nearest step below it that
+    has one (then the nearest above); with no answered re-probe at all the
+    chance is 0 and ``source_step`` None."""
+    if steps < 1:
+        raise InsightError("at least one re-probe")
+    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for send in tiered:
+        if send.tier != TIER_RE_PROBE or send.result not in ("accepted", "refused"):
+            continue
+        counts[send.step][1] += 1
+        counts[send.step][0] += send.result == "accepted"
+    known = sorted(step for step, (_, answered) in counts.items() if answered)
+    rates = []
+    for step in range(1, steps + 1):
+        below = [s for s in known if s <= step]
+        above = [s for s in known if s > step]
+        source = below[-1] if below else (above[0] if above else None)
+        accepted, answered = counts[source] if source is not None else (0, 0)
+        rates.append(FlipRate(step, accepted, answered, source))
+    return tuple(rates)
+
+
+def _replay_one(
+    timeline: RefusalTimeline, delays: Sequence[timedelta], rates: Sequence[FlipRate], now: datetime
+) -> tuple[TimelineReplay, float, float]:
+    turns = [t for t in timeline.turns if t <= now]
+    last, reach, sends, answers = timeline.refused_at, 1.0, 0.0, 0.0
+    times: list[datetime] = []
+    index = 0
+    for step, delay in enumerate(delays, start=1):
+        due = last + delay
+        while index < len(turns) and turns[index] < due:
+            index += 1
+        if index == len(turns):
+            break  # the segment had no later turn: still cooling at the end
+        at = turns[index]
+        index += 1
+        chance = rates[step - 1].rate
+        sends += reach
+        answers += reach * chance
+        reach *= 1 - chance
+        last = at
+        times.append(at)
+    complete = len(times) == len(delays)
+    replay = TimelineReplay(
+        segment_id=timeline.segment_id,
+        provider_id=timeline.provider_id,
+        refused_at=timeline.refused_at,
+        reprobe_times=tuple(times),
+        frozen_at=times[-1] if complete else None,
+        frozen_chance=reach if complete else 0.0,
+    )
+    return replay, sends, answers
+
+
+def replay_schedule(
+    timelines: Sequence[RefusalTimeline],
+    delays: Sequence[timedelta] | None,
+    rates: Sequence[FlipRate],
+    *,
+    now: datetime,
+) -> ScheduleReplay:
+    """Every timeline under ``delays`` (None: its own schedule), up to ``now``."""
+    schedule = tuple(delays) if delays is not None else None
+    replays, sends, answers = [], 0.0, 0.0
+    for timeline in timelines:
+        own = schedule if schedule is not None else timeline.delays
+        if len(rates) < len(own):
+            raise InsightError(f"need a flip rate for each of {len(own)} re-probes")
+        replay, one_sends, one_answers = _replay_one(timeline, own, rates, now)
+        replays.append(replay)
+        sends += one_sends
+        answers += one_answers
+    freezing = [r for r in replays if r.frozen_at is not None]
+    return ScheduleReplay(
+        delays=schedule,
+        timelines=len(replays),
+        reprobe_sends=sends,
+        answers=answers,
+        frozen=sum(r.frozen_chance for r in freezing),
+        could_freeze=len(freezing),
+        median_to_freeze=median_duration(r.frozen_at - r.refused_at for r in freezing),
+        replays=tuple(replays),
+    )
+
+
+def what_if(
+    timelines: Sequence[RefusalTimeline],
+    proposed: Sequence[timedelta],
+    tiered: Iterable[TieredSend],
+    *,
+    now: datetime,
+) -> WhatIf:
+    """The recorded timelines under their own schedules and under ``proposed``,
+    with the same flip rates, side by side with what was recorded."""
+    proposed = tuple(proposed)
+    if not proposed:
+        raise InsightError("a schedule has at least one re-probe")
+    steps = max([len(proposed), *(len(t.delays) for t in timelines)])
+    rates = flip_rates(tiered, steps)
+    return WhatIf(
+        current=replay_schedule(timelines, None, rates, now=now),
+        proposed=replay_schedule(timelines, proposed, rates, now=now),
+        rates=rates,
+        opening_sends=sum(t.opening_sends for t in timelines),
+        recorded_reprobes=sum(t.reprobes for t in timelines),
+        recorded_accepted=sum(t.accepted for t in timelines),
+        recorded_frozen=sum(t.frozen for t in timelines),
+        schedules_as_run=tuple(
+            schedule
+            for schedule, _count in sorted(
+                Counter(t.delays for t in timelines).items(), key=lambda item: -item[1]
+            )
+        ),
+    )

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any, Literal
 
 REFUSAL_SCOPE_TTL = timedelta(hours=6)
@@ -35,6 +36,38 @@ def max_sends(delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS) -> int:
     """R3.2: the most segment-level sends a (segment, provider) ever gets: the
     first refusal plus one re-probe per delay, then frozen until a boundary."""
     return 1 + len(delays)
+
+
+MAX_SCHEDULE_TIERS = 5
+
+
+def check_schedule(
+    delays: Sequence[timedelta], ttl: timedelta = REFUSAL_SCOPE_TTL
+) -> tuple[timedelta, ...]:
+    """R3.2 (issue 12): a re-probe schedule another than the default must have 1 to
+    ``MAX_SCHEDULE_TIERS`` re-probes, each delay longer than the one before, and the
+    last no longer than ``ttl`` (``REFUSAL_SCOPE_TTL``: the turn-level refusal memory
+    would otherwise have forgotten the refusal). Raises RefusalError in plain words."""
+    schedule = tuple(delays)
+    if not 1 <= len(schedule) <= MAX_SCHEDULE_TIERS:
+        raise RefusalError(
+            f"a schedule has 1 to {MAX_SCHEDULE_TIERS} re-probes, not {len(schedule)}"
+        )
+    for delay in schedule:
+        if not isinstance(delay, timedelta) or delay <= timedelta(0):
+            raise RefusalError("every re-probe delay must be a positive duration")
+    for number, (before, after) in enumerate(pairwise(schedule), start=2):
+        if after <= before:
+            raise RefusalError(
+                f"re-probe {number}'s delay must be longer than re-probe {number - 1}'s"
+            )
+    if schedule[-1] > ttl:
+        hours = ttl.total_seconds() / 3600
+        raise RefusalError(
+            f"the last delay must be at most {hours:g} h (REFUSAL_SCOPE_TTL, the turn-level "
+            "refusal memory)"
+        )
+    return schedule
 
 
 # R3.7: the one description of the rule. Every text that describes it —

@@ -283,3 +283,85 @@ def test_on_call_staff_and_outsiders_do_not_see_insights(client, oncall, outside
         assert client.get(reverse("insights")).status_code == 403
         assert client.get(reverse("insights-csv")).status_code == 403
         assert ">Insights</a>" not in client.get(reverse("overview")).content.decode()
+
+
+# --------------------------------------------------------------------------- what if (R3.2)
+
+
+def _cells(page: str, table_id: str) -> list[list[str]]:
+    import re
+
+    table = page.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)
+    return [
+        [
+            re.sub(r"<[^>]+>", "", cell).strip()
+            for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, flags=re.S)
+        ]
+        for row in rows
+    ]
+
+
+def test_r3_2_what_if_replays_the_recorded_timelines_with_hand_computed_numbers(
+    timeline, client, operator
+):
+    """A, B and C opened segment refusals (D did not); p1 = 1/3, p2 = 0, p3 = 1/2.
+    As run (15 min, 1 h, 6 h): A and C re-probe at 15, 75 and 435 min, B at 15 min
+    only — expected sends 17/3, answers 5/3, frozen 2/3. Proposed (10 min, 30
+    min): A and C at 15 and 75 min, B at 15 min — sends 13/3, answers 1, frozen
+    4/3. Recorded: 8 re-probe sends (3 + 2 + 3), 2 accepted (A, B), 1 frozen (C)."""
+    client.force_login(operator)
+    response = client.get(
+        reverse("insights"),
+        {"from": "2025-03-01", "to": "2025-03-08", "tiers": "2", "delays": "10m, 30m"},
+    )
+    assert response.status_code == 200, response.content
+    page = response.content.decode()
+    assert "An estimate from recorded data, not a measurement." in page
+    assert "-0.7 answers" in page and "-1.3 re-probe sends" in page
+    assert "3 refusal timelines" in page
+    rows = {row[0]: row[1:] for row in _cells(page, "what-if-table")}
+    assert rows["Schedule"] == ["—", "15 min, 1 h, 6 h", "10 min, 30 min"]
+    assert rows["Re-probe sends to refusing providers"] == ["8", "5.7", "4.3"]
+    assert rows["Answers from re-probes (accepted)"] == ["2", "1.7", "1.0"]
+    assert rows["Segments frozen (expected)"] == ["1", "0.7", "1.3"]
+    assert rows["Timelines long enough to use every re-probe"] == ["—", "2", "2"]
+    assert rows["Median time from the first refusal to the freeze"][2] == "75 min"
+    # the sample sizes behind the chances
+    assert "re-probe 1: <strong>33.3%</strong>" in page and "1 accepted of 3 answered" in page
+    assert "re-probe 2: <strong>0.0%</strong>" in page and "0 accepted of 2 answered" in page
+    assert "the 6 sends of the opening turns" in page
+    assert len(_cells(page, "what-if-segments")) == 1 + 3  # header + A, B, C
+
+
+@pytest.mark.parametrize(
+    ("tiers", "delays", "words"),
+    [
+        ("3", "10m, 30m", "3 re-probes need 3 delays, one per re-probe; 2 given."),
+        ("2", "30m, 10m", "re-probe 2&#x27;s delay must be longer than re-probe 1&#x27;s"),
+        ("2", "1h, 7h", "the last delay must be at most 6 h"),
+        ("6", "1m,2m,3m,4m,5m,6m", "Ensure this value is less than or equal to 5."),
+        ("1", "soon", "not a duration"),
+        ("0", "10m", "Ensure this value is greater than or equal to 1."),
+    ],
+)
+def test_r3_2_a_bad_proposed_schedule_is_a_form_error(client, manager, tiers, delays, words):
+    client.force_login(manager)
+    response = client.get(
+        reverse("insights"),
+        {"from": "2025-03-01", "to": "2025-03-08", "tiers": tiers, "delays": delays},
+    )
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert words in page
+    assert 'id="what-if-table"' not in page
+
+
+def test_r3_2_without_a_proposal_the_what_if_form_shows_the_schedule_in_force(
+    timeline, client, manager
+):
+    client.force_login(manager)
+    page = client.get(reverse("insights"), {"from": "2025-03-01", "to": "2025-03-08"})
+    body = page.content.decode()
+    assert 'value="15m, 1h, 6h"' in body and 'value="3"' in body
+    assert 'id="what-if-table"' not in body

@@ -109,3 +109,157 @@ def test_sends_outside_the_period_are_not_counted_but_still_number_the_tiers():
     assert [(t.tier, t.step) for t in tier_sends(sends, start=T0, end=END)] == [("re_probe", 1)]
     with pytest.raises(InsightError):
         tier_sends(sends, start=END, end=T0)
+
+
+# --------------------------------------------------------------------------- what if (R3.2)
+
+from governance.rules.insights import (  # noqa: E402
+    RefusalTimeline,
+    flip_rates,
+    refusal_timelines,
+    replay_schedule,
+    what_if,
+)
+
+MIN = timedelta(minutes=1)
+R32 = (15 * MIN, 60 * MIN, 360 * MIN)
+SEG_A, SEG_B, SEG_C = 1, 2, 3
+A0, B0, C0 = T0, T0 + timedelta(hours=10), T0 + timedelta(hours=12)
+
+
+def _hand_made():
+    """Three timelines by hand (relative minutes; every answer at its send):
+    A: quarantine refused (segment refusal at +3 s), re-probes at 15 and 75 min
+       refused, the one at 435 min accepted;
+    B: original refused at once (no increment); re-probe at 15 min times out,
+       the one at 20 min is accepted;
+    C: refused; re-probes at 15, 75 and 435 min refused: frozen; one more turn at
+       460 min sends only to the backup (its fallback card is a turn too).
+    """
+    s = timedelta(seconds=1)
+    a = A0 + 3 * s
+    sends = [
+        SendFact(1, SEG_A, 10, "p", "m", "original", A0, "refused", "policy"),
+        SendFact(2, SEG_A, 10, "p", "m", "re_render", A0 + s, "refused", "policy"),
+        SendFact(3, SEG_A, 10, "p", "m", "re_render", A0 + 2 * s, "refused", "policy"),
+        SendFact(4, SEG_A, 10, "p", "m", "history_only", a, "refused", "policy"),
+        SendFact(5, SEG_A, 11, "p", "m", "re_probe", a + 15 * MIN, "refused", "policy"),
+        SendFact(6, SEG_A, 12, "p", "m", "re_probe", a + 75 * MIN, "refused", "policy"),
+        SendFact(7, SEG_A, 13, "p", "m", "re_probe", a + 435 * MIN, "accepted"),
+        SendFact(8, SEG_B, 20, "p", "m", "original", B0, "refused", "policy"),
+        SendFact(9, SEG_B, 21, "p", "m", "re_probe", B0 + 15 * MIN, "failed"),
+        SendFact(10, SEG_B, 22, "p", "m", "re_probe", B0 + 20 * MIN, "accepted"),
+        SendFact(11, SEG_C, 30, "p", "m", "original", C0, "refused", "policy"),
+        SendFact(12, SEG_C, 31, "p", "m", "re_probe", C0 + 15 * MIN, "refused", "policy"),
+        SendFact(13, SEG_C, 32, "p", "m", "re_probe", C0 + 75 * MIN, "refused", "policy"),
+        SendFact(14, SEG_C, 33, "p", "m", "re_probe", C0 + 435 * MIN, "refused", "policy"),
+    ]
+    turns = {
+        SEG_A: [A0, *(a + m * MIN for m in (15, 75, 435))],
+        SEG_B: [B0, B0 + 15 * MIN, B0 + 20 * MIN],
+        SEG_C: [C0, *(C0 + m * MIN for m in (15, 75, 435, 460))],
+    }
+    return sends, turns
+
+
+def _timelines():
+    sends, turns = _hand_made()
+    return sends, refusal_timelines(
+        sends, turns, start=T0, end=END, delays=lambda segment, provider: R32
+    )
+
+
+def test_r3_2_timelines_open_at_the_segment_refusal_and_count_what_was_recorded():
+    _sends, (a, b, c) = _timelines()
+    assert a.refused_at == A0 + timedelta(seconds=3) and a.opening_sends == 4
+    assert a.turns == tuple(a.refused_at + m * MIN for m in (15, 75, 435))  # not the opening
+    assert (a.reprobes, a.refused_reprobes, a.accepted, a.frozen) == (3, 2, True, False)
+    assert (b.refused_at, b.opening_sends) == (B0, 1)
+    assert (b.reprobes, b.refused_reprobes, b.accepted, b.frozen) == (2, 0, True, False)
+    assert (c.reprobes, c.refused_reprobes, c.accepted, c.frozen) == (3, 3, False, True)
+    assert len(c.turns) == 4 and c.delays == R32
+
+
+def test_r3_2_flip_rates_per_re_probe_with_their_samples_and_borrowing():
+    sends, _turns = _hand_made()
+    tiered = tier_sends(sends, start=T0, end=END)
+    # re-probe 1: A refused, B failed (no answer), B accepted, C refused → 1 of 3
+    # re-probe 2: A refused, C refused → 0 of 2; re-probe 3: A accepted, C refused → 1 of 2
+    rates = flip_rates(tiered, 5)
+    assert [(r.step, r.accepted, r.answered, r.source_step) for r in rates] == [
+        (1, 1, 3, 1), (2, 0, 2, 2), (3, 1, 2, 3), (4, 1, 2, 3), (5, 1, 2, 3),
+    ]  # fmt: skip
+    assert rates[0].rate == pytest.approx(1 / 3)
+    nothing = flip_rates([], 2)
+    assert [(r.rate, r.answered, r.source_step) for r in nothing] == [(0.0, 0, None)] * 2
+    with pytest.raises(InsightError):
+        flip_rates([], 0)
+
+
+def test_r3_2_what_if_replays_the_hand_made_timelines_under_both_schedules():
+    """Numbers by hand, with p1 = 1/3, p2 = 0, p3 = 1/2:
+
+    As run (15 min, 1 h, 6 h): A and C re-probe at 15, 75, 435 min — sends
+    1 + 2/3 + 2/3, answers 1/3 + 0 + 2/3·1/2 = 2/3, frozen with chance 1/3 at
+    435 min; B re-probes at 15 min only (its next turn, 20 min, is before 75):
+    sends 1, answers 1/3. Total sends 17/3, answers 5/3, frozen 2/3.
+
+    Proposed (10 min, 30 min): A and C re-probe at 15 (first turn ≥ 10) and 75
+    min (first turn ≥ 45): sends 5/3, answers 1/3, frozen with chance 2/3 at 75
+    min; B at 15 min only: sends 1, answers 1/3. Total sends 13/3, answers 1,
+    frozen 4/3.
+    """
+    sends, timelines = _timelines()
+    tiered = tier_sends(sends, start=T0, end=END)
+    result = what_if(timelines, (10 * MIN, 30 * MIN), tiered, now=END)
+    current, proposed = result.current, result.proposed
+    assert current.delays is None and proposed.delays == (10 * MIN, 30 * MIN)
+    assert current.reprobe_sends == pytest.approx(17 / 3)
+    assert current.answers == pytest.approx(5 / 3)
+    assert current.frozen == pytest.approx(2 / 3) and current.could_freeze == 2
+    assert current.median_to_freeze == 435 * MIN
+    assert proposed.reprobe_sends == pytest.approx(13 / 3)
+    assert proposed.answers == pytest.approx(1.0)
+    assert proposed.frozen == pytest.approx(4 / 3) and proposed.could_freeze == 2
+    assert proposed.median_to_freeze == 75 * MIN
+    assert result.answers_gained == pytest.approx(-2 / 3)
+    assert result.extra_sends == pytest.approx(-4 / 3)
+    assert (result.timelines, result.opening_sends) == (3, 6)
+    assert (result.recorded_reprobes, result.recorded_accepted, result.recorded_frozen) == (8, 2, 1)
+    a, b, c = proposed.replays
+    assert a.reprobe_times == (a.refused_at + 15 * MIN, a.refused_at + 75 * MIN)
+    assert a.frozen_at == a.refused_at + 75 * MIN and a.frozen_chance == pytest.approx(2 / 3)
+    assert b.reprobe_times == (B0 + 15 * MIN,) and b.frozen_at is None and b.frozen_chance == 0
+    assert c.frozen_at == C0 + 75 * MIN
+
+
+def test_r3_2_the_replay_sees_no_turn_after_now():
+    """Time is an argument: at C0 + 100 min, C's 435 min turn has not happened."""
+    sends, timelines = _timelines()
+    rates = flip_rates(tier_sends(sends, start=T0, end=END), 3)
+    replay = replay_schedule([timelines[2]], None, rates, now=C0 + 100 * MIN)
+    [c] = replay.replays
+    assert c.reprobe_times == (C0 + 15 * MIN, C0 + 75 * MIN) and c.frozen_at is None
+    assert replay.reprobe_sends == pytest.approx(1 + 2 / 3) and replay.could_freeze == 0
+
+
+def test_r3_2_a_timeline_opened_outside_the_period_is_not_replayed():
+    sends, turns = _hand_made()
+    later = refusal_timelines(sends, turns, start=B0, end=END, delays=lambda segment, provider: R32)
+    assert [t.segment_id for t in later] == [SEG_B, SEG_C]
+    with pytest.raises(InsightError):
+        refusal_timelines(sends, turns, start=END, end=T0, delays=lambda s, p: R32)
+
+
+def test_r3_2_each_timeline_is_replayed_under_its_own_schedule_as_run():
+    one = RefusalTimeline(
+        segment_id=9, provider_id="p", refused_at=T0,
+        turns=tuple(T0 + m * MIN for m in (5, 30, 200)), delays=(5 * MIN,),
+        opening_sends=1, reprobes=1, refused_reprobes=1, accepted=False,
+    )  # fmt: skip
+    rates = flip_rates([], 2)
+    replay = replay_schedule([one], None, rates, now=END)
+    assert replay.replays[0].reprobe_times == (T0 + 5 * MIN,)
+    assert replay.replays[0].frozen_at == T0 + 5 * MIN and replay.frozen == 1.0
+    with pytest.raises(InsightError):
+        replay_schedule([one], (MIN, 2 * MIN, 3 * MIN), rates, now=END)  # rates for 2 only
