@@ -192,6 +192,9 @@ if CELERY_BROKER_URL == "filesystem://":
         "store_processed": False,
     }
 else:
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        # Kombu's Redis transport with a guard for a broker outage (its docstring).
+        CELERY_BROKER_TRANSPORT = "dashboard.redis_transport:Transport"
     # Redelivery after a worker dies waits this long; stages are idempotent anyway.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60)
