@@ -610,6 +610,7 @@ def provider_json(provider: Provider) -> dict[str, Any]:
             for name in ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok")
         },
         "currency": provider.currency or None,
+        "refusal_schedule": provider.refusal_schedule or {},
         "created_at": provider.created_at.isoformat(),
         "updated_at": provider.updated_at.isoformat(),
     }

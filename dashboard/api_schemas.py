@@ -401,6 +401,26 @@ Currency = Annotated[
 ]
 
 
+Delays = Annotated[
+    list[Annotated[float, Field(gt=0)]],
+    Field(
+        min_length=1, max_length=5,
+        description="re-probe delays in seconds: 1 to 5, each longer than the last, the last "
+        "at most REFUSAL_SCOPE_TTL (6 h = 21600)",
+    ),
+]  # fmt: skip
+
+
+class RefusalSchedule(Body):
+    """A provider's own re-probe schedule (R3.2, issue 12); {} is R3.2's default.
+    A refusal keeps the schedule it started under: a change applies to new refusals."""
+
+    delays_s: Delays | None = None
+    categories: dict[str, Delays] | None = Field(
+        None, description="by refusal category (R2.4), e.g. {'policy': [600, 1800]}"
+    )
+
+
 class ProviderCreate(Body):
     provider_id: ProviderId
     kind: ProviderKind
@@ -418,6 +438,7 @@ class ProviderCreate(Body):
     price_output_per_mtok: Price | None = None
     price_cached_per_mtok: Price | None = None
     currency: Currency = ""
+    refusal_schedule: RefusalSchedule | None = None
 
 
 class ProviderUpdate(Body):
@@ -437,6 +458,7 @@ class ProviderUpdate(Body):
     price_output_per_mtok: Price | None = None
     price_cached_per_mtok: Price | None = None
     currency: Currency | None = None
+    refusal_schedule: RefusalSchedule | None = None
     reason: text(2_000) = Field("", description="kept in the audit log with the change")
 
 
@@ -519,6 +541,9 @@ class ProviderAnswer(Answer):
     price_output_per_mtok: str | None
     price_cached_per_mtok: str | None
     currency: str | None
+    refusal_schedule: dict[str, Any] = Field(
+        description="its own re-probe schedule in seconds ({} = R3.2's default)"
+    )
     created_at: str
     updated_at: str
 

@@ -17,11 +17,14 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from dashboard.env import parse_duration
 from dashboard.permissions import MANAGE_PROVIDERS
 from dashboard.queries import providers as queries
-from governance import time_source
+from dashboard.queries import segments as queries_segments
+from dashboard.status import human_duration
+from governance import services, time_source
 from governance.models import Provider
-from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
+from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, delays_seconds
 from governance.services.alerts import channel_target_problem
 from governance.services.errors import ServiceError
 from governance.services.providers import update_provider
@@ -85,12 +88,84 @@ class PriceForm(forms.Form):
         return changes
 
 
-def _page(request: HttpRequest, *, bad: PriceForm | None = None, status: int = 200):
+class ScheduleForm(forms.Form):
+    """A provider's own re-probe schedule (issue 12, R3.2) as typed; the service checks
+    it with the rule (1–5 re-probes, each longer than the last, the last ≤ 6 h)."""
+
+    delays = forms.CharField(
+        required=False, max_length=200, label="Delays after each refusal",
+        help_text="e.g. 10m, 30m, 2h — empty: R3.2's default",
+    )  # fmt: skip
+    categories = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
+        label="By refusal category (one a line)", help_text="e.g. policy: 5m, 1h",
+    )  # fmt: skip
+    reason = forms.CharField(required=False, max_length=500, label="Why (kept in the audit log)")
+
+    def __init__(self, *args: Any, provider: Provider, **kwargs: Any) -> None:
+        super().__init__(*args, prefix=f"schedule-{provider.provider_id}", **kwargs)
+        self.provider = provider
+        choice = services.schedule_choice(provider)
+        if choice is not None:
+            if choice.delays:
+                self.fields["delays"].initial = _typed(choice.delays)
+            self.fields["categories"].initial = "\n".join(
+                f"{category}: {_typed(delays)}"
+                for category, delays in sorted(choice.by_category.items())
+            )
+
+    @staticmethod
+    def _seconds(text: str) -> list[float]:
+        return delays_seconds([parse_duration(part) for part in text.split(",") if part.strip()])
+
+    def clean_delays(self) -> list[float] | None:
+        try:
+            return self._seconds(self.cleaned_data["delays"]) or None
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_categories(self) -> dict[str, list[float]]:
+        found: dict[str, list[float]] = {}
+        for line in self.cleaned_data["categories"].splitlines():
+            if not line.strip():
+                continue
+            category, colon, delays = line.partition(":")
+            if not colon or not category.strip():
+                raise forms.ValidationError(f"“{line.strip()}”: write it as category: 10m, 1h")
+            try:
+                found[category.strip()] = self._seconds(delays)
+            except ValueError as exc:
+                raise forms.ValidationError(f"{category.strip()}: {exc}") from None
+        return found
+
+    def schedule(self) -> dict[str, Any]:
+        schedule: dict[str, Any] = {}
+        if self.cleaned_data["delays"]:
+            schedule["delays_s"] = self.cleaned_data["delays"]
+        if self.cleaned_data["categories"]:
+            schedule["categories"] = self.cleaned_data["categories"]
+        return schedule
+
+
+def _typed(delays: Any) -> str:
+    return ", ".join(
+        human_duration(d).replace(" min", "m").replace(" h", "h").replace(" s", "s") for d in delays
+    )
+
+
+def _page(
+    request: HttpRequest,
+    *,
+    bad: PriceForm | None = None,
+    bad_schedule: ScheduleForm | None = None,
+    status: int = 200,
+):
     now = time_source.now()
     rows = queries.provider_rows(now)
     page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
     queries.add_details(list(page_obj.object_list), now)
     may_price = request.user.has_perm(MANAGE_PROVIDERS)
+    default = services.reprobe_delays()
     for row in page_obj.object_list:
         provider = row.provider
         if bad is not None and bad.provider.pk == provider.pk:
@@ -99,6 +174,15 @@ def _page(request: HttpRequest, *, bad: PriceForm | None = None, status: int = 2
             row.price_form = PriceForm(provider=provider)
         else:
             row.price_form = None
+        if bad_schedule is not None and bad_schedule.provider.pk == provider.pk:
+            row.schedule_form = bad_schedule
+        elif may_price:
+            row.schedule_form = ScheduleForm(provider=provider)
+        else:
+            row.schedule_form = None
+        row.schedule_words = queries_segments.schedule_words(
+            provider.provider_id, None, services.schedule_choice(provider), default
+        )
     unavailable = [row for row in rows if not row.available]
     return render(
         request,
@@ -148,3 +232,32 @@ def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
         else:
             return redirect(f"{reverse('providers')}#provider-{provider_id}")
     return _page(request, bad=form, status=400)
+
+
+@require_POST
+@login_required
+def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
+    """Issue 12: a provider's own re-probe schedule (R3.2). A refusal under way keeps
+    the schedule it started under; the new one applies to refusals that start later."""
+    if not request.user.has_perm(MANAGE_PROVIDERS):
+        raise PermissionDenied(
+            "changing a provider's schedule needs the change_provider permission"
+        )
+    provider = Provider.objects.filter(provider_id=provider_id).first()
+    if provider is None:
+        raise Http404("no such provider")
+    form = ScheduleForm(request.POST, provider=provider)
+    if form.is_valid():
+        try:
+            update_provider(
+                provider_id,
+                by=request.user.get_username(),
+                now=time_source.now(),
+                reason=form.cleaned_data["reason"],
+                refusal_schedule=form.schedule(),
+            )
+        except ServiceError as exc:
+            form.add_error(None, str(exc.message))
+        else:
+            return redirect(f"{reverse('providers')}#provider-{provider_id}")
+    return _page(request, bad_schedule=form, status=400)

@@ -159,8 +159,9 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
         return render(request, "segments/detail.html#timeline-page", context)
     now = time_source.now()
     delays = services.reprobe_delays()
+    models, choices = queries.provider_models_and_schedules()
     states = queries.provider_states(
-        segment, segment.thread.provider_chain, queries.provider_models(), now, delays
+        segment, segment.thread.provider_chain, models, now, delays, choices=choices
     )
     can_act = segment.closed_at is None and request.user.has_perm(PERMISSION)
     previous = queries.previous_of(segment)

@@ -71,6 +71,11 @@ urlpatterns = [
         provider_views.provider_prices,
         name="provider-prices",
     ),
+    path(
+        "providers/<str:provider_id>/schedule",
+        provider_views.provider_schedule,
+        name="provider-schedule",
+    ),
     path("tools/", tool_views.tools, name="tools"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("docs/api/", openapi.api_reference, name="api-reference"),

@@ -46,6 +46,9 @@ class Provider(models.Model):
         max_digits=14, decimal_places=6, null=True, blank=True
     )
     currency = models.CharField(max_length=3, blank=True, default="")
+    # Its own re-probe schedule (issue 12, R3.2), in seconds:
+    # {"delays_s": [...], "categories": {"policy": [...]}}; {} = R3.2's default.
+    refusal_schedule = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -362,6 +365,8 @@ class SegmentRefusal(models.Model):
     category = models.CharField(max_length=64, blank=True)
     refusals = models.PositiveIntegerField(null=True, blank=True)  # None = legacy
     refused_at = models.DateTimeField(null=True, blank=True)
+    # The schedule the refusal started under, in seconds (issue 12); None = R3.2's default.
+    delays_s = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -16,6 +16,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
+from dashboard.status import human_duration
 from governance import services
 from governance.models import (
     HistoryItem,
@@ -30,10 +31,13 @@ from governance.models import (
 from governance.rules.refusal import (
     ProviderRefusal,
     RefusalError,
+    ScheduleChoice,
+    delays_from_seconds,
     max_sends,
     refusal_from_card,
     refusal_verdict,
     refused_at_datetime,
+    schedule_of,
 )
 
 # Worst first: a segment's state is its worst provider state.
@@ -55,6 +59,7 @@ class ProviderState:
     next_probe_at: datetime | None
     category: str
     in_chain: bool = True
+    schedule: str = ""  # which re-probe schedule applies, in words (issue 12)
 
     @property
     def reprobe_due(self) -> bool:
@@ -67,17 +72,69 @@ def state_moment(segment: Segment, now: datetime) -> datetime:
     return segment.closed_at or now
 
 
+def duration_list(delays: Sequence[timedelta]) -> str:
+    return ", ".join(human_duration(delay) for delay in delays)
+
+
+def provider_models_and_schedules() -> tuple[dict[str, str], dict[str, ScheduleChoice]]:
+    """provider_id → model, and each provider's own re-probe schedule (issue 12), for
+    those that have one — one query, like ``provider_models``."""
+    models: dict[str, str] = {}
+    choices: dict[str, ScheduleChoice] = {}
+    rows = Provider.objects.order_by("provider_id").values_list(
+        "provider_id", "model", "refusal_schedule"
+    )
+    for provider, model, stored in rows:
+        models[provider] = model
+        chosen = services.schedule_choice(Provider(provider_id=provider, refusal_schedule=stored))
+        if chosen is not None:
+            choices[provider] = chosen
+    return models, choices
+
+
+def schedule_words(
+    provider_id: str,
+    refusal: ProviderRefusal | None,
+    choice: ScheduleChoice | None,
+    delays: Sequence[timedelta],
+) -> str:
+    """Issue 12: which schedule applies to this provider here, in plain words."""
+    default = f"{duration_list(delays)} (R3.2's default)"
+    if refusal is not None and refusal.refusals != 0:
+        kept = schedule_of(refusal, delays)
+        words = (
+            f"{duration_list(kept)} ({provider_id}'s own when this refusal started; kept until it "
+            "clears)"
+            if refusal.delays
+            else f"{default}, the one this refusal started under"
+        )
+        starting = choice.starting(refusal.category) if choice is not None else None
+        if tuple(starting or delays) != kept:
+            words += f"; a new refusal would get {duration_list(starting or delays)}"
+        return words
+    if choice is None:
+        return default
+    own = f"{duration_list(choice.delays)} ({provider_id}'s own)" if choice.delays else default
+    categories = "; ".join(
+        f"{category}: {duration_list(value)}"
+        for category, value in sorted(choice.by_category.items())
+    )
+    return own + (f"; by refusal category — {categories}" if categories else "")
+
+
 def provider_states(
     segment: Segment,
     chain: Sequence[str],
     models: dict[str, str],
     now: datetime,
     delays: Sequence[timedelta],
+    choices: dict[str, ScheduleChoice] | None = None,
 ) -> list[ProviderState]:
     """R8.1: every provider of the chain (and any other with refusal rows) with its verdict.
 
     Reads ``segment.refusals`` through ``services.segment_refusals``, which uses
-    the prefetch cache when the caller prefetched ``refusals`` (no N+1).
+    the prefetch cache when the caller prefetched ``refusals`` (no N+1). With
+    ``choices`` (the providers' own schedules) each state says which schedule applies.
     """
     refusals = services.segment_refusals(segment)
     moment = state_moment(segment, now)
@@ -93,7 +150,12 @@ def provider_states(
                 or models.get(provider_id, ""),
                 state=verdict.state,
                 refusals=(refusal.refusals if refusal else 0),
-                max_sends=max_sends(delays),
+                max_sends=max_sends(schedule_of(refusal, delays)),
+                schedule=(
+                    schedule_words(provider_id, refusal, choices.get(provider_id), delays)
+                    if choices is not None
+                    else ""
+                ),
                 reprobes=verdict.reprobes,
                 refused_at=refused_at_datetime(refusal) if refusal else None,
                 next_probe_at=verdict.next_probe_at,
@@ -127,11 +189,16 @@ def _state_filter(base: QuerySet[Segment], state: str, provider: str, now: datet
     if provider:
         rows = rows.filter(provider_id=provider)
     worst: dict[int, str] = {}
-    for segment_id, closed_at, provider_id, refusals, refused_at in rows.values_list(
-        "segment_id", "segment__closed_at", "provider_id", "refusals", "refused_at"
+    for segment_id, closed_at, provider_id, refusals, refused_at, delays_s in rows.values_list(
+        "segment_id", "segment__closed_at", "provider_id", "refusals", "refused_at", "delays_s"
     ):
         verdict = refusal_verdict(
-            ProviderRefusal(provider_id=provider_id, refusals=refusals, refused_at=refused_at),
+            ProviderRefusal(
+                provider_id=provider_id,
+                refusals=refusals,
+                refused_at=refused_at,
+                delays=delays_from_seconds(delays_s),
+            ),
             closed_at or now,
             delays,
         )

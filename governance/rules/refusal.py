@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any, Literal
@@ -70,6 +70,58 @@ def check_schedule(
     return schedule
 
 
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """A provider's own re-probe schedule (issue 12), and one per refusal category
+    (R2.4: each adapter names its categories). None: R3.2's default."""
+
+    delays: tuple[timedelta, ...] | None = None
+    by_category: Mapping[str, tuple[timedelta, ...]] = field(default_factory=dict)
+
+    def starting(self, category: str | None) -> tuple[timedelta, ...] | None:
+        """The schedule a refusal of ``category`` starts under."""
+        if category and category in self.by_category:
+            return self.by_category[category]
+        return self.delays
+
+
+@dataclass(frozen=True)
+class ReprobeSchedules(Sequence[timedelta]):
+    """R3.2's default schedule — what it reads as, a sequence of delays — with the
+    schedules providers chose (issue 12), for the refusals that start now."""
+
+    default: tuple[timedelta, ...]
+    chosen: Mapping[str, ScheduleChoice] = field(default_factory=dict)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.default[index]
+
+    def __len__(self) -> int:
+        return len(self.default)
+
+    def starting(self, provider_id: str, category: str | None) -> tuple[timedelta, ...] | None:
+        choice = self.chosen.get(provider_id)
+        return choice.starting(category) if choice is not None else None
+
+
+def schedule_of(
+    refusal: ProviderRefusal | None, delays: Sequence[timedelta]
+) -> tuple[timedelta, ...]:
+    """R3.2: the schedule a refusal runs under: the one it started under, else ``delays``."""
+    if refusal is not None and refusal.delays:
+        return tuple(refusal.delays)
+    return tuple(delays)
+
+
+def starting_schedule(
+    delays: Sequence[timedelta], provider_id: str, category: str | None
+) -> tuple[timedelta, ...] | None:
+    """The schedule a refusal by ``provider_id`` starting now gets; None: the default."""
+    if isinstance(delays, ReprobeSchedules):
+        return delays.starting(provider_id, category)
+    return None
+
+
 # R3.7: the one description of the rule. Every text that describes it —
 # comments, the card shown to the model, notifications, dashboard copy —
 # uses these words.
@@ -98,6 +150,10 @@ class ProviderRefusal:
     category: str | None = None
     refusals: int | None = None
     refused_at: int | float | datetime | str | None = None
+    # The schedule this refusal started under (issue 12): its provider's or its
+    # category's at the first refusal, kept until the state clears, so a later
+    # change of schedule never changes its verdicts. None: the default given.
+    delays: tuple[timedelta, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +265,7 @@ def refusal_verdict(
     now = as_utc(now)
     if refusal is None:
         return RefusalVerdict("eligible", 0, None)
+    delays = schedule_of(refusal, delays)
     count = _known_count(refusal)
     if count is None:
         return RefusalVerdict("frozen", len(delays), None)
@@ -233,12 +290,15 @@ def record_refusal(
     model: str | None,
     category: str | None,
     now: datetime,
+    schedule: Sequence[timedelta] | None = None,
 ) -> ProviderRefusal:
     """R3.2/R3.3: the state after an *actual* refusal at ``now``.
 
     Only the turn runner calls this, and only when the provider really
     refused; writing a fallback card for a skipped turn never does, so
     skipped turns cannot move the clock. A legacy row stays legacy (frozen).
+    ``schedule`` is the one a *new* refusal starts under (None: the default);
+    a refusal already under way keeps the schedule it started under.
     """
     if not provider_id:
         raise RefusalError("provider_id is required")
@@ -251,12 +311,14 @@ def record_refusal(
     else:
         known = _known_count(previous)
         count = None if known is None else known + 1
+    starts = previous is None or _known_count(previous) == 0
     return ProviderRefusal(
         provider_id=provider_id,
         model=model if model is not None else (previous.model if previous else None),
         category=category if category is not None else (previous.category if previous else None),
         refusals=count,
         refused_at=as_utc(now),
+        delays=(tuple(schedule) if schedule else None) if starts else previous.delays,
     )
 
 
@@ -280,7 +342,8 @@ def _notice(
     reprobes = max(verdict.reprobes for _, verdict in group)
     names = ", ".join(ids)
     states = "; ".join(f"{r.provider_id}: {_verdict_words(v, r)}" for r, v in group)
-    sends = max_sends(delays)
+    most = max(len(schedule_of(refusal, delays)) for refusal, _ in group)
+    sends = 1 + most  # max_sends of the longest schedule in the group
     if severity == "critical":
         text = (
             f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
@@ -290,7 +353,7 @@ def _notice(
     else:
         text = (
             f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
-            f"At most {len(delays)} re-probes follow ({states}); "
+            f"At most {most} re-probes follow ({states}); "
             "the turn falls back to the next provider."
         )
     return Notice(
@@ -407,7 +470,7 @@ def card_entry(
     epoch milliseconds, the shape every reader accepts (R3.4).
     """
     verdict = refusal_verdict(refusal, now, delays)
-    return {
+    entry = {
         "provider_id": refusal.provider_id,
         "model": refusal.model,
         "category": refusal.category,
@@ -417,6 +480,29 @@ def card_entry(
         "reprobes": verdict.reprobes,
         "next_probe_at": verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
     }
+    if refusal.delays:  # a schedule of its own (issue 12): kept with the state (R3.5)
+        entry["delays_s"] = delays_seconds(refusal.delays)
+    return entry
+
+
+def delays_seconds(delays: Sequence[timedelta]) -> list[float]:
+    """A schedule as stored: seconds (whole seconds as integers)."""
+    return [int(s) if (s := d.total_seconds()) == int(s) else s for d in delays]
+
+
+def delays_from_seconds(value: Any) -> tuple[timedelta, ...] | None:
+    """A stored schedule read back; anything but a list of positive numbers is None
+    (the default schedule)."""
+    if not isinstance(value, list | tuple) or not value:
+        return None
+    delays = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            return None
+        if not math.isfinite(item) or item <= 0:
+            return None
+        delays.append(timedelta(seconds=item))
+    return tuple(delays)
 
 
 def refusal_from_card(entry: Mapping[str, Any]) -> ProviderRefusal:
@@ -437,4 +523,5 @@ def refusal_from_card(entry: Mapping[str, Any]) -> ProviderRefusal:
         category=entry.get("category"),
         refusals=count,
         refused_at=refused_at,
+        delays=delays_from_seconds(entry.get("delays_s")),
     )

@@ -28,6 +28,7 @@ from governance.rules.refusal import (
     record_refusal,
     refusal_notices,
     refusal_verdict,
+    starting_schedule,
 )
 
 MAX_RERENDERS = 2  # R3.1
@@ -278,6 +279,10 @@ def drive_turn(
                     model=candidate.model,
                     category=outcome.refusal_category,
                     now=as_utc(outcome.at) if outcome.at else now,
+                    # A new refusal starts under its provider's (or category's) schedule.
+                    schedule=starting_schedule(
+                        delays, candidate.provider_id, outcome.refusal_category
+                    ),
                 )
                 state[candidate.provider_id] = updated
                 recorded.append(updated)

@@ -20,6 +20,12 @@ from urllib.parse import urlsplit
 from django.db import IntegrityError, transaction
 
 from governance.models import Provider
+from governance.rules.refusal import (
+    RefusalError,
+    check_schedule,
+    delays_from_seconds,
+    delays_seconds,
+)
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
 
@@ -53,7 +59,10 @@ EDITABLE = (
     "enabled",
     *(PRICES := ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok")),
     "currency",
+    "refusal_schedule",
 )
+MAX_SCHEDULE_CATEGORIES = 20
+CATEGORY = re.compile(r"[-a-zA-Z0-9_.]{1,64}")
 PRICE_MAX = Decimal(1_000_000)  # per million tokens
 CURRENCY = re.compile(r"[A-Z]{3}")
 DEFAULTS: dict[str, Any] = {
@@ -70,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "price_output_per_mtok": None,
     "price_cached_per_mtok": None,
     "currency": "",
+    "refusal_schedule": {},
 }
 
 
@@ -134,6 +144,52 @@ def _check(values: dict[str, Any]) -> None:
         raise ServiceError("currency", "a three-letter ISO 4217 code in capitals, e.g. USD")
     if any(values[name] is not None for name in PRICES) and not currency:
         raise ServiceError("currency", "name the currency of the prices, e.g. USD")
+    values["refusal_schedule"] = _schedule(values["refusal_schedule"])
+
+
+def _delays(where: str, value: Any) -> list[float]:
+    """One schedule in seconds, checked by the rule (R3.2: 1–5, increasing, ≤ the TTL)."""
+    field = "refusal_schedule"
+    if not isinstance(value, list) or any(
+        isinstance(v, bool) or not isinstance(v, int | float) for v in value
+    ):
+        raise ServiceError(field, f"{where}: a list of delays in seconds, e.g. [900, 3600, 21600]")
+    delays = delays_from_seconds(value) if value else ()
+    if delays is None:
+        raise ServiceError(field, f"{where}: every delay must be a positive number of seconds")
+    try:
+        return delays_seconds(check_schedule(delays))
+    except RefusalError as exc:
+        raise ServiceError(field, f"{where}: {exc}") from None
+
+
+def _schedule(value: Any) -> dict[str, Any]:
+    """A provider's own re-probe schedule (issue 12): ``{}`` (R3.2's default),
+    ``{"delays_s": [...]}`` and/or ``{"categories": {"policy": [...]}}``."""
+    field = "refusal_schedule"
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ServiceError(field, 'an object: {"delays_s": [...], "categories": {...}}, or {}')
+    unknown = sorted(set(value) - {"delays_s", "categories"})
+    if unknown:
+        raise ServiceError(field, f"unknown key {unknown[0]!r} (delays_s, categories)")
+    schedule: dict[str, Any] = {}
+    if value.get("delays_s") is not None:
+        schedule["delays_s"] = _delays("delays_s", value["delays_s"])
+    categories = value.get("categories") or {}
+    if not isinstance(categories, dict) or len(categories) > MAX_SCHEDULE_CATEGORIES:
+        raise ServiceError(
+            field, f"categories: an object of at most {MAX_SCHEDULE_CATEGORIES} refusal categories"
+        )
+    checked = {}
+    for category, delays in categories.items():
+        if not isinstance(category, str) or not CATEGORY.fullmatch(category):
+            raise ServiceError(field, f"categories: {category!r} is not a refusal category name")
+        checked[category] = _delays(f"categories.{category}", delays)
+    if checked:
+        schedule["categories"] = dict(sorted(checked.items()))
+    return schedule
 
 
 def _price(name: str, value: Any) -> Decimal | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +20,17 @@ from governance.models import (
     TurnRefusalMemo,
 )
 from governance.rules import health as health_rules
-from governance.rules.refusal import ProviderRefusal, card_entry, max_sends, refusal_verdict
+from governance.rules.refusal import (
+    ProviderRefusal,
+    ReprobeSchedules,
+    ScheduleChoice,
+    card_entry,
+    delays_from_seconds,
+    delays_seconds,
+    max_sends,
+    refusal_verdict,
+    schedule_of,
+)
 from governance.rules.refusal import refused_at_datetime as refusal_datetime
 from governance.rules.routing import TurnOutcome
 from governance.rules.turns import TurnCall
@@ -29,7 +39,34 @@ from governance.services.events import new_event
 
 
 def reprobe_delays() -> tuple[timedelta, ...]:
+    """R3.2's default schedule (``GOVERNANCE_REFUSAL_REPROBE_DELAYS``)."""
     return tuple(settings.GOVERNANCE_REFUSAL_REPROBE_DELAYS)
+
+
+def schedule_choice(provider: Provider) -> ScheduleChoice | None:
+    """A provider's own schedule (issue 12), as stored by ``services.providers``;
+    None when it has none (R3.2's default)."""
+    stored = provider.refusal_schedule or {}
+    own = delays_from_seconds(stored.get("delays_s"))
+    by_category = {
+        category: delays
+        for category, seconds in (stored.get("categories") or {}).items()
+        if (delays := delays_from_seconds(seconds)) is not None
+    }
+    if own is None and not by_category:
+        return None
+    return ScheduleChoice(own, by_category)
+
+
+def reprobe_schedules(providers: Iterable[Provider]) -> ReprobeSchedules:
+    """R3.2's default with each provider's own schedule, from providers already read
+    (no query): a refusal starts under its provider's schedule and keeps it."""
+    chosen = {
+        provider.provider_id: choice
+        for provider in providers
+        if (choice := schedule_choice(provider)) is not None
+    }
+    return ReprobeSchedules(reprobe_delays(), chosen)
 
 
 def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
@@ -40,6 +77,7 @@ def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
         category=row.category or None,
         refusals=row.refusals,
         refused_at=row.refused_at,
+        delays=delays_from_seconds(row.delays_s),
     )
 
 
@@ -76,6 +114,7 @@ def record_turn(
                 "category": refusal.category or "",
                 "refusals": refusal.refusals,
                 "refused_at": refusal.refused_at,
+                "delays_s": delays_seconds(refusal.delays) if refusal.delays else None,
             },
         )
     if outcome.cleared:
@@ -156,7 +195,7 @@ def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:
             state=verdict.state,
             reprobes=verdict.reprobes,
             next_probe_at=verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
-            max_sends=max_sends(reprobe_delays()),
+            max_sends=max_sends(schedule_of(refusal, reprobe_delays())),
         )
         rows.append(entry)
     return rows

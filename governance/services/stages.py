@@ -39,7 +39,11 @@ from governance.rules import health as health_rules
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
 from governance.rules import run_clocks
-from governance.rules.refusal import ProviderRefusal, no_eligible_provider_notice
+from governance.rules.refusal import (
+    ProviderRefusal,
+    ReprobeSchedules,
+    no_eligible_provider_notice,
+)
 from governance.rules.turns import StageConclusion
 from governance.services import callbacks
 from governance.services.alerts import emit_notice
@@ -54,6 +58,7 @@ from governance.services.refusals import (
     record_turn,
     remember_turn_refusal,
     reprobe_delays,
+    reprobe_schedules,
     segment_refusals,
     turn_memory,
 )
@@ -226,7 +231,7 @@ class TurnContext:
     health: dict[str, Any]
     memory: health_rules.TurnRefusalMemory
     publication: pub.Publication
-    delays: tuple[timedelta, ...]
+    delays: ReprobeSchedules  # R3.2's default, and each provider's own (issue 12)
     last_progress_at: datetime
 
 
@@ -282,7 +287,9 @@ def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
             health=verdicts,
             memory=turn_memory(list(providers), now),
             publication=publication,
-            delays=reprobe_delays(),
+            # R3.2's default and each provider's own schedule (issue 12), from the
+            # providers read above: no query of its own.
+            delays=reprobe_schedules(providers.values()),
             last_progress_at=run.last_progress_at,  # read with the claim
         )
 
