@@ -324,7 +324,7 @@ def insights(request: HttpRequest) -> HttpResponse:
     result = q.reprobe_insights(
         form.query(),
         proposed=proposal.cleaned_data["delays"] if proposal.is_bound else None,
-        delays=lambda _segment_id, _provider_id: services.reprobe_delays(),
+        default=services.reprobe_delays(),
         now=now,
     )
     context.update(_numbers(request, form, result))

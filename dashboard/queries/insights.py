@@ -18,13 +18,13 @@ read: with refusal state in a segment every send is a re-probe (R3.2).
 
 The what-if replay (``governance.rules.insights.what_if``) reads, besides, the
 recorded turns of the segments whose timelines it replays: each turn that sent
-to a provider (an attempt) or skipped one (its ``llm-fallback`` card, R3.5) —
-two more queries.
+to a provider (an attempt) or skipped one (its ``llm-fallback`` card, R3.5),
+and from the cards the schedule each refusal ran under — two more queries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -41,6 +41,7 @@ from governance.rules.insights import (
     tier_sends,
     what_if,
 )
+from governance.rules.refusal import delays_from_seconds
 
 REFUSAL_RELATED = Q(result="refused") | Q(kind__in=["re_render", "history_only", "re_probe"])
 _FIELDS = (
@@ -162,58 +163,76 @@ def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
     return list(sends.values()), carried
 
 
-def turn_times(segment_ids: Iterable[int], until: datetime) -> dict[int, list[datetime]]:
+@dataclass(frozen=True)
+class RecordedTurns:
+    turns: dict[int, list[datetime]]  # each segment's turn times, in order
+    schedules: dict[tuple[int, str], tuple[timedelta, ...]]  # as stored on the cards
+
+
+def recorded_turns(segment_ids: Iterable[int], until: datetime) -> RecordedTurns:
     """Each segment's recorded model turns before ``until``: every turn that sent to a
-    provider or skipped one (its fallback card, R3.5), at its earliest moment."""
+    provider or skipped one (its fallback card, R3.5), at its earliest moment; and the
+    schedule each (segment, provider) refusal ran under, read from those cards (issue
+    12: a schedule of its own is stored with the state; none is the default)."""
     segment_ids = list(set(segment_ids))
     first: dict[tuple[int, int], datetime] = {}
+    schedules: dict[tuple[int, str], tuple[timedelta, ...]] = {}
     if not segment_ids:
-        return {}
+        return RecordedTurns({}, {})
     sent = (
         ProviderAttempt.objects.filter(segment_id__in=segment_ids, started_at__lt=until)
         .order_by()
         .values_list("segment_id", "stage_id")
         .annotate(at=Min("started_at"))
     )
-    skipped = (
+    for segment_id, stage_id, at in sent:
+        first[(segment_id, stage_id)] = at
+    cards = (
         RunEvent.objects.filter(segment_id__in=segment_ids, kind="llm-fallback", at__lt=until)
         .order_by()
-        .values_list("segment_id", "stage_id")
-        .annotate(at=Min("at"))
+        .values_list("segment_id", "stage_id", "at", "metadata")
     )
-    for rows in (sent, skipped):
-        for segment_id, stage_id, at in rows:
-            key = (segment_id, stage_id)
-            if key not in first or at < first[key]:
-                first[key] = at
+    for segment_id, stage_id, at, metadata in cards.iterator(chunk_size=2000):
+        key = (segment_id, stage_id)
+        if key not in first or at < first[key]:
+            first[key] = at
+        for entry in (metadata or {}).get("refusal") or ():
+            if not isinstance(entry, dict):
+                continue
+            delays = delays_from_seconds(entry.get("delays_s"))
+            if delays is not None and isinstance(entry.get("provider_id"), str):
+                schedules.setdefault((segment_id, entry["provider_id"]), delays)
     turns: dict[int, list[datetime]] = {}
     for (segment_id, _stage), at in first.items():
         turns.setdefault(segment_id, []).append(at)
-    return {segment_id: sorted(times) for segment_id, times in turns.items()}
+    return RecordedTurns(
+        {segment_id: sorted(times) for segment_id, times in turns.items()}, schedules
+    )
 
 
 def reprobe_insights(
     query: InsightsQuery,
     *,
     proposed: Sequence[timedelta] | None = None,
-    delays: Callable[[int, str], Sequence[timedelta]] | None = None,
+    default: Sequence[timedelta] = (),
     now: datetime | None = None,
 ) -> Insights:
-    """The tiers of the period; with ``proposed`` (and ``delays``, the schedule each
-    (segment, provider) ran under, and ``now``) the what-if replay as well."""
+    """The tiers of the period; with ``proposed`` (``default``: R3.2's schedule, for
+    refusals that ran under it; ``now``) the what-if replay as well."""
     sends, carried = gather(query)
     tiered = tier_sends(sends, carried, start=query.start, end=query.end)
     replay = None
     if proposed is not None:
-        if delays is None or now is None:
-            raise ValueError("a what-if needs the schedules it ran under and the time")
+        if not default or now is None:
+            raise ValueError("a what-if needs the default schedule and the time")
         horizon = min(query.end, now)
+        recorded = recorded_turns({send.segment_id for send in sends}, horizon)
+
+        def ran_under(segment_id: int, provider_id: str) -> Sequence[timedelta]:
+            return recorded.schedules.get((segment_id, provider_id), tuple(default))
+
         timelines = refusal_timelines(
-            sends,
-            turn_times({send.segment_id for send in sends}, horizon),
-            start=query.start,
-            end=query.end,
-            delays=delays,
+            sends, recorded.turns, start=query.start, end=query.end, delays=ran_under
         )
         replay = what_if(timelines, proposed, tiered, now=horizon)
     return Insights(

@@ -174,7 +174,16 @@ def _refused_turn(thread, at):
         has_unaccepted_increment=False, now=at, delays=schedules,
     )  # fmt: skip
     run, stage, _ = services.submit_run(thread, input="next", now=at)
-    record_turn(run=run, stage=stage, segment=segment, outcome=outcome, attempts=[], now=at)
+    rows = [
+        {
+            "provider": providers[pid], "model": f"{pid}-model", "kind": kind,
+            "request_digest": f"{kind}-{n}", "started_at": at, "latency_ms": 0,
+            "result": "refused" if pid == "alpha" else "accepted",
+            "refusal_category": "policy" if pid == "alpha" else "",
+        }
+        for n, (pid, kind) in enumerate(sent)
+    ]  # fmt: skip
+    record_turn(run=run, stage=stage, segment=segment, outcome=outcome, attempts=rows, now=at)
     return [kind for pid, kind in sent if pid == "alpha"]
 
 
@@ -201,3 +210,23 @@ def test_r3_2_changing_a_schedule_never_changes_a_segment_verdict(client, operat
     assert _refused_turn(thread, NOW + 100 * 60 * MIN) == []
     page = client.get(reverse("segment", args=[segment.id])).content.decode()
     assert "frozen" in page and "(refusals 3 of 3)" in page
+
+
+def test_r3_2_the_what_if_replays_each_refusal_under_the_schedule_it_ran_under(
+    client, operator, clock
+):
+    """A refusal that started under alpha's own 10 min, 30 min: the Insights page's
+    replay 'as run' uses that schedule (read from the cards), not the default."""
+    _provider(refusal_schedule={"delays_s": [600, 1800]})
+    _provider("beta")
+    thread = services.create_thread(provider_chain=["alpha", "beta"], now=NOW)
+    for minutes in (0, 10, 40, 60):
+        _refused_turn(thread, NOW + minutes * MIN)
+    clock.advance(timedelta(days=1))
+    client.force_login(operator)
+    page = client.get(
+        reverse("insights"),
+        {"from": "2025-06-02", "to": "2025-06-02", "tiers": "1", "delays": "5m"},
+    ).content.decode()
+    assert "<td>10 min, 30 min</td><td>5 min</td>" in page
+    assert "1 refusal timeline " in page
