@@ -148,6 +148,24 @@ def _signed(value: float) -> str:
     return f"{value:+.1f}" if abs(value) >= 0.05 else "±0"
 
 
+def _answers_words(value: float) -> str:
+    """'0.7 answers lost', '1.0 answer gained', 'no answer gained or lost'."""
+    amount = f"{abs(value):.1f}"
+    if amount == "0.0":
+        return "no answer gained or lost"
+    noun = "answer" if amount == "1.0" else "answers"
+    return f"{amount} {noun} {'gained' if value > 0 else 'lost'}"
+
+
+def _sends_words(value: float) -> str:
+    """'1.3 fewer re-probe sends to refusing providers', or 'as many …'."""
+    amount = f"{abs(value):.1f}"
+    if amount == "0.0":
+        return "as many re-probe sends to refusing providers"
+    noun = "send" if amount == "1.0" else "sends"
+    return f"{amount} {'more' if value > 0 else 'fewer'} re-probe {noun} to refusing providers"
+
+
 def what_if_view(result: WhatIf) -> dict[str, Any]:
     """The replay as the page says it: the current and the proposed schedule side by side."""
 
@@ -184,6 +202,8 @@ def what_if_view(result: WhatIf) -> dict[str, Any]:
         "proposed": column(proposed),
         "extra_sends": _signed(result.extra_sends),
         "gained": _signed(result.answers_gained),
+        "answers_words": _answers_words(result.answers_gained),
+        "sends_words": _sends_words(result.extra_sends),
         "rates": [
             {
                 "step": rate.step,

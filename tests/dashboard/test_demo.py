@@ -6,6 +6,7 @@ its own manual clock, and must leave both as it found them.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -20,7 +21,9 @@ from governance.models import (
     ProviderAttempt,
     ProviderHealthState,
     Run,
+    RunCallback,
     RunEvent,
+    RunViewer,
     SegmentRefusal,
     Settlement,
     SpanRecord,
@@ -134,6 +137,26 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert receipt.run.stages.filter(kind="verify_effect").count() == 3
     assert receipt.idempotency_key in receipt.run.settlement.unknown_effects
     assert receipt.run.settlement.outcome != "completed"
+
+    # Delivery (R7.2–R7.4): streamed runs watched with all, part or none of the
+    # chunks acknowledged; callbacks delivered, delivered after a retry, failed,
+    # and one still retrying — the report shows a mix, not every run flagged.
+    from dashboard.queries.report import ReportQuery, delivery_report
+
+    report = delivery_report(ReportQuery(start=first, end=finished + timedelta(minutes=1)))
+    evidence = report.total.evidence
+    assert evidence["client_received_all_committed"] >= 3
+    assert evidence["client_received_part"] >= 2
+    assert evidence["no_client_evidence"] >= 2
+    assert report.runs_with_discrepancies < report.runs
+    assert report.total.cost.total["USD"] > 0  # refused sends report no usage: unknown
+    callbacks = RunCallback.objects.filter(run__thread__title__startswith="demo:")
+    states = Counter(callbacks.values_list("state", flat=True))
+    assert states["delivered"] >= 4 and states["failed"] >= 2 and states["retry"] == 1
+    assert callbacks.filter(state="delivered", attempts__gte=2).exists()  # after a retry
+    assert callbacks.filter(state="delivered", attempts=1).exists()
+    assert RunViewer.objects.filter(run__thread__title__startswith="demo:").count() >= 9
+    assert "callbacks delivered" in output and "runs watched" in output
 
     # Boundaries in the audit log, by the demo operator, with a reason.
     boundary = AuditEntry.objects.get(action="boundary.fresh_start")

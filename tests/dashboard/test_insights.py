@@ -318,7 +318,9 @@ def test_r3_2_what_if_replays_the_recorded_timelines_with_hand_computed_numbers(
     assert response.status_code == 200, response.content
     page = response.content.decode()
     assert "An estimate from recorded data, not a measurement." in page
-    assert "-0.7 answers" in page and "-1.3 re-probe sends" in page
+    assert "0.7 answers lost" in page
+    assert "1.3 fewer re-probe sends to refusing providers" in page
+    assert "(-0.7 answers, -1.3 sends)" in page
     assert "3 refusal timelines" in page
     rows = {row[0]: row[1:] for row in _cells(page, "what-if-table")}
     assert rows["Schedule"] == ["—", "15 min, 1 h, 6 h", "10 min, 30 min"]

@@ -23,6 +23,12 @@ The story (times relative to the start, about nine hours ago):
   search → finalization only), get cancelled, hit the deadline, and leave a webhook
   effect unknown (a loopback receiver that drops the answer and cannot
   verify);
+* delivery (R7.2–R7.4): streamed answers watched by a viewer that
+  acknowledged all, part or none of the chunks (through ``services.stream``,
+  as the watch page does), and completion callbacks to a loopback receiver
+  that takes them at once, after a retry (503 first), or never (503 until the
+  attempts run out; the latest is still retrying) — so the delivery report
+  shows a realistic mix;
 * boundaries in the audit log: a fresh start and a compact by the demo
   operator, with their reasons;
 * the demo users: an operator, an on-call and a manager.
@@ -38,6 +44,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -54,6 +61,8 @@ from governance.models import (
     Notification,
     Provider,
     Run,
+    RunCallback,
+    RunViewer,
     Settlement,
     Stage,
     Thread,
@@ -133,6 +142,16 @@ def _rule(action: str, spec: Any, *, when: dict | None = None, **extra: Any) -> 
     return rule
 
 
+def _prices(input_: str, output: str, cached: str | None = None) -> dict[str, Any]:
+    """Prices per million tokens in USD (issue 12), so the pages show what refusals cost."""
+    return {
+        "price_input_per_mtok": Decimal(input_),
+        "price_output_per_mtok": Decimal(output),
+        "price_cached_per_mtok": Decimal(cached) if cached is not None else None,
+        "currency": "USD",
+    }
+
+
 def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, dict, dict]]:
     """provider id → (model, script, extra configuration).
 
@@ -166,7 +185,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                 ],
                 "default": {"answer": {"text": "Sentinel: {last_user}", "chunks": 2}},
             },
-            {},
+            _prices("3", "15", "0.3"),
         ),
         "demo-vigil": (
             "vigil-guard-2",
@@ -181,7 +200,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                 ],
                 "default": {"answer": {"text": "Vigil: {last_user}", "chunks": 2}},
             },
-            {},
+            _prices("0.8", "3.2"),
         ),
         # The general-purpose backup of most chains.
         "demo-harbor": (
@@ -210,7 +229,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                     }
                 },
             },
-            {},
+            _prices("0.5", "1.5"),
         ),
         # Primary of support and onboarding: an outage on its first calls.
         "demo-meridian": (
@@ -282,7 +301,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                     }
                 },
             },
-            {"base_cooldown_s": 300.0, "max_cooldown_s": 1800.0},
+            {"base_cooldown_s": 300.0, "max_cooldown_s": 1800.0, **_prices("2.5", "10", "1.25")},
         ),
         # Primary of billing: calls the calculator, overloaded at month-end.
         "demo-orion": (
@@ -320,7 +339,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                 ],
                 "default": {"answer": {"text": "Orion answer to: {last_user}", "chunks": 2}},
             },
-            {"base_cooldown_s": 1800.0, "max_cooldown_s": 3600.0},
+            {"base_cooldown_s": 1800.0, "max_cooldown_s": 3600.0, **_prices("5", "15", "0.5")},
         ),
         # Drafting: a stream that breaks once, and a report too slow for its deadline.
         "demo-atlas": (
@@ -357,7 +376,7 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
                     }
                 },
             },
-            {},
+            _prices("1", "4"),
         ),
     }
 
@@ -386,6 +405,46 @@ class _DroppingReceiver(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class _CallbackReceiver(BaseHTTPRequestHandler):
+    """Completion callbacks (R7.3): ``/ok`` takes each at once, ``/flaky`` answers
+    503 to the first attempt of each callback and 200 after, ``/down`` always 503."""
+
+    attempts: Counter = Counter()  # noqa: RUF012 (per idempotency key; reset per server)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        key = self.headers.get("Idempotency-Key", "")
+        type(self).attempts[key] += 1
+        ok = self.path.endswith("/ok") or (
+            self.path.endswith("/flaky") and type(self).attempts[key] > 1
+        )
+        body = b'{"received": true}' if ok else b'{"error": "receiver unavailable"}'
+        self.send_response(200 if ok else 503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def _callback_receiver() -> Iterator[str]:
+    _CallbackReceiver.attempts = Counter()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CallbackReceiver)
+    server.daemon_threads = True
+    worker = threading.Thread(target=server.serve_forever, name="demo-callbacks", daemon=True)
+    worker.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/callbacks"
+    finally:
+        server.shutdown()
+        server.server_close()
+        worker.join(5)
 
 
 @contextmanager
@@ -482,30 +541,66 @@ def _in_process_engine(start: datetime) -> Iterator[time_source.ManualClock]:
 
 class Scenario:
     def __init__(
-        self, manual: time_source.ManualClock, start: datetime, round_no: int, users
+        self,
+        manual: time_source.ManualClock,
+        start: datetime,
+        round_no: int,
+        users,
+        callbacks_url: str = "",
     ) -> None:
         self.clock = manual
         self.start = start
         self.round_no = round_no
         self.users = users
+        self.callbacks_url = callbacks_url
+        self.read_live: set = set()  # threads whose answers someone reads as they stream
         self.suffix = "" if round_no == 1 else f" (round {round_no})"
 
     def at(self, hours: float = 0, minutes: float = 0) -> datetime:
-        """Move the clock to start + offset (never back: slow streams move it too)."""
+        """Move the clock to start + offset (never back: slow streams move it too),
+        and send the completion callbacks whose retry is due (the beat job's work)."""
+        from tasks.callbacks import resend_due
+
         target = self.start + timedelta(hours=hours, minutes=minutes)
         now = self.clock()
         if target > now:
             self.clock.advance(target - now)
+        resend_due(inline=True)
         return self.clock()
 
-    def thread(self, title: str, chain: list[str], tools: list[str], prompt: str) -> Thread:
+    def thread(
+        self, title: str, chain: list[str], tools: list[str], prompt: str, callback: str = ""
+    ) -> Thread:
         return services.create_thread(
             provider_chain=chain,
             now=self.clock(),
             title=f"{TITLE_PREFIX} {title}{self.suffix}",
             tool_surface=tools,
             system_prompt=prompt,
+            callback_url=f"{self.callbacks_url}/{callback}" if callback else "",
         )
+
+    def watch(self, run: Run, acknowledged: str) -> None:
+        """A viewer streams the run's committed chunks (R7.2: sent) and acknowledges
+        ``all``, ``part`` (the first) or ``none`` of them (observed), then leaves —
+        through the services the watch page and the ack API use."""
+        from governance.services import stream
+
+        chunk_nos = list(
+            run.chunks.filter(version__isnull=False)
+            .order_by("chunk_no")
+            .values_list("chunk_no", flat=True)
+        )
+        connection_id = f"demo-viewer-{run.id}-{secrets.token_hex(4)}"
+        stream.connect_viewer(run, connection_id=connection_id, last_event_id=0, now=self.clock())
+        self.clock.advance(1)
+        stream.mark_chunks_sent(run.id, chunk_nos, now=self.clock())
+        through = {"all": len(chunk_nos), "part": min(1, len(chunk_nos)), "none": 0}[acknowledged]
+        if through:
+            self.clock.advance(1)
+            stream.record_ack(run, through, now=self.clock())
+        self.clock.advance(1)
+        stream.detach_viewer(connection_id, now=self.clock())
 
     @staticmethod
     def _trace(thread: Thread) -> dict[str, str]:
@@ -524,7 +619,10 @@ class Scenario:
         )
         self.clock.advance(queued_s)
         publish([stage])  # eager: runs now, and every stage it enqueues after it
-        return Run.objects.get(id=run.id)
+        done = Run.objects.get(id=run.id)
+        if thread.id in self.read_live:
+            self.watch(done, "all")
+        return done
 
     def cancelled_run(self, thread: Thread, text: str, by: str) -> Run:
         from governance.services.stages import publish
@@ -584,6 +682,30 @@ class Scenario:
             [],
             "You write long-form reports for the leadership team.",
         )
+        # Support and onboarding answers are read live by the staff who asked.
+        self.read_live = {support.id, onboarding.id}
+        # Delivery: streamed answers with callbacks to three kinds of receiver.
+        live = self.thread(
+            "live answers desk",
+            ["demo-harbor"],
+            [],
+            "You answer staff questions; the answer streams to their screen.",
+            callback="ok",
+        )
+        partner = self.thread(
+            "partner status feed",
+            ["demo-atlas", "demo-harbor"],
+            [],
+            "You write short status notes that a partner system receives.",
+            callback="flaky",
+        )
+        legacy = self.thread(
+            "legacy CRM sync",
+            ["demo-harbor"],
+            [],
+            "You summarise tickets for the old CRM, which takes a callback per answer.",
+            callback="down",
+        )
 
         # 00:10 the refusal storm starts: the first turn puts the trigger into the
         # accepted history; its continuation is refused 4 times, then falls back.
@@ -628,6 +750,14 @@ class Scenario:
         self.at(hours=1, minutes=34)
         self.run(triage, "Please total the exposure again.")
 
+        # 01:38 streamed answers: watched to the end, halfway, or not acknowledged at all.
+        self.at(hours=1, minutes=38)
+        self.watch(self.run(live, "What changed in the refund policy this quarter?"), "all")
+        self.at(hours=1, minutes=40)
+        self.watch(self.run(partner, "Status note: the payment gateway is degraded."), "all")
+        self.at(hours=1, minutes=42)
+        self.watch(self.run(legacy, "Summarise ticket SUP-4290 for the CRM."), "part")
+
         # 01:45 billing: a completed calculation, then a run that runs out of
         # model requests and finalizes with what it has (partial).
         self.at(hours=1, minutes=45)
@@ -667,6 +797,10 @@ class Scenario:
         self.run(incident, "Draft the cost summary for the postmortem.")
         self.at(hours=3, minutes=10)
         self.run(drafting, "Write the status update for the platform team.")
+        self.at(hours=3, minutes=20)
+        self.watch(self.run(live, "Who approves refunds over 500 EUR?"), "part")
+        self.at(hours=3, minutes=25)
+        self.watch(self.run(partner, "Status note: the gateway recovered."), "none")
         self.at(hours=3, minutes=30)
         self.run(onboarding, "Summarise the onboarding checklist for a new customer.")
         self.at(hours=4, minutes=0)
@@ -693,6 +827,10 @@ class Scenario:
         self.run(support, "Can a refund go to a different card?")
         self.at(hours=6, minutes=15)
         self.run(billing, "Calculate the credit note for invoice 2231.")
+        self.at(hours=6, minutes=30)
+        self.watch(self.run(live, "How do I reset a customer's SSO?"), "all")
+        self.at(hours=6, minutes=35)
+        self.watch(self.run(legacy, "Summarise ticket SUP-4301 for the CRM."), "all")
         # 07:37 third re-probes (due at +6 h): both threads freeze.
         self.at(hours=7, minutes=37)
         self.run(incident, "Final check of the incident totals, please.")
@@ -711,6 +849,9 @@ class Scenario:
         self.run(incident, "Is the cost summary final?")
         self.at(hours=8, minutes=50)
         self.run(billing, "month-end: what is left to book?")
+        self.at(hours=8, minutes=52)
+        self.watch(self.run(live, "Is the refund for order 7781 out?"), "none")
+        self.watch(self.run(legacy, "Summarise ticket SUP-4312 for the CRM."), "all")
         # 08:55 a report too slow for its 90-second deadline.
         self.at(hours=8, minutes=55)
         self.run(
@@ -757,7 +898,7 @@ class Command(BaseCommand):
         real_now = datetime.now(UTC).replace(microsecond=0)
         start = real_now - timedelta(hours=SCENARIO_HOURS)
         before = set(Run.objects.values_list("id", flat=True))
-        with _receiver() as webhook_url:
+        with _receiver() as webhook_url, _callback_receiver() as callbacks_url:
             for provider_id, (model, script, extra) in provider_scripts(
                 round_no, webhook_url
             ).items():
@@ -766,7 +907,7 @@ class Command(BaseCommand):
                     defaults={"kind": "scripted", "model": model, "script": script, **extra},
                 )
             with _fast_sqlite(), _in_process_engine(start) as manual:
-                Scenario(manual, start, round_no, roles).play()
+                Scenario(manual, start, round_no, roles, callbacks_url).play()
                 ended = manual()
         if options.get("verbosity", 1) >= 1:
             self._summary(before, users, round_no, start, ended)
@@ -792,6 +933,14 @@ class Command(BaseCommand):
         by_outcome = ", ".join(f"{name} {outcomes[name]}" for name in sorted(outcomes))
         out.write(
             f"  runs by outcome: {by_outcome}" + (f", unsettled {unsettled}" if unsettled else "")
+        )
+        callbacks = Counter(
+            RunCallback.objects.filter(run__in=new_runs).values_list("state", flat=True)
+        )
+        watched = RunViewer.objects.filter(run__in=new_runs).values("run").distinct().count()
+        out.write(
+            f"  delivery: {watched} runs watched; callbacks "
+            + ", ".join(f"{state} {callbacks[state]}" for state in sorted(callbacks))
         )
         out.write(
             f"  alerts: {alerts.count()} ({critical.count()} critical, "
