@@ -10,6 +10,7 @@ long the queue has kept work waiting (``queue_states``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from dataclasses import dataclass
@@ -44,7 +45,10 @@ def send_by_name(
     task = current_app.tasks.get(name)
     if task is None:
         # Nothing imported the app's task modules yet (a management command).
-        current_app.loader.import_default_modules()
+        # Imported by name: Celery's import_default_modules would also run
+        # django.setup() again through its Django fixup, resetting logging.
+        for module in current_app.conf.include:
+            importlib.import_module(module)
         task = current_app.tasks.get(name)
     options: dict[str, Any] = {
         "countdown": countdown or None,

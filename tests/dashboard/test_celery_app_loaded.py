@@ -23,3 +23,25 @@ def test_r6_6_a_management_shell_publishes_to_the_configured_broker(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["governance", "True"]
+
+
+def test_r6_6_sending_a_task_first_thing_leaves_the_process_logging_alone(tmp_path):
+    """The first send imports the task modules; Celery's own way of doing so ran
+    django.setup() again and put the root logger back to INFO (the demo's
+    seeding then printed every callback attempt under `manage.py up`)."""
+    script = (
+        "import logging;"
+        "logging.getLogger().setLevel('WARNING');"
+        "from celery import current_app;"
+        "current_app.conf.task_always_eager = True;"
+        "from governance.services.broker import send_by_name;"
+        "send_by_name('tasks.jobs.ping', ['x']);"
+        "print(logging.getLogger().level, 'tasks.jobs.ping' in current_app.tasks)"
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", script],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "GOVERNANCE_VAR_DIR": str(tmp_path / "var")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["30", "True"]
