@@ -9,6 +9,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _shell(script: str, tmp_path: Path) -> list[str]:
+    """What a fresh `manage.py shell` prints for ``script`` (embedded defaults)."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", script],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "GOVERNANCE_VAR_DIR": str(tmp_path / "var")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
 def test_r6_6_a_management_shell_publishes_to_the_configured_broker(tmp_path):
     script = (
         "from celery import current_app;"
@@ -16,13 +27,7 @@ def test_r6_6_a_management_shell_publishes_to_the_configured_broker(tmp_path):
         "print(current_app.main);"
         "print(current_app.conf.broker_url == settings.CELERY_BROKER_URL)"
     )
-    result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "--no-imports", "-c", script],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "GOVERNANCE_VAR_DIR": str(tmp_path / "var")},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["governance", "True"]
+    assert _shell(script, tmp_path) == ["governance", "True"]
 
 
 def test_r6_6_sending_a_task_first_thing_leaves_the_process_logging_alone(tmp_path):
@@ -38,10 +43,4 @@ def test_r6_6_sending_a_task_first_thing_leaves_the_process_logging_alone(tmp_pa
         "send_by_name('tasks.jobs.ping', ['x']);"
         "print(logging.getLogger().level, 'tasks.jobs.ping' in current_app.tasks)"
     )
-    result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "--no-imports", "-c", script],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "GOVERNANCE_VAR_DIR": str(tmp_path / "var")},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["30", "True"]
+    assert _shell(script, tmp_path) == ["30", "True"]
