@@ -9,14 +9,13 @@ tiers and counts them).
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -26,6 +25,7 @@ from dashboard.permissions import VIEW_INSIGHTS
 from dashboard.queries import insights as q
 from dashboard.report_views import Bound, _parse_bound, csv_safe
 from dashboard.status import human_duration
+from dashboard.streaming import csv_response
 from governance import services, time_source
 from governance.rules.insights import ScheduleReplay, TierRow, WhatIf, tier_label
 from governance.rules.refusal import MAX_SCHEDULE_TIERS, RefusalError, check_schedule
@@ -401,15 +401,16 @@ def insights_csv(request: HttpRequest) -> HttpResponse:
         return HttpResponse(f"Bad filters: {errors}\n", status=400, content_type="text/plain")
     query = form.query()
 
-    def lines() -> Iterator[str]:
-        writer = csv.writer(_Echo())
-        yield writer.writerow(HEADER)
+    writer = csv.writer(_Echo())
+
+    def rows() -> list[str]:
         result = q.reprobe_insights(query)
-        for row in [*result.totals, *result.rows]:
-            yield writer.writerow([csv_safe(cell) for cell in cells(row)])
+        return [
+            writer.writerow([csv_safe(cell) for cell in cells(row)])
+            for row in [*result.totals, *result.rows]
+        ]
 
     name = f"reprobes-{form.cleaned_data['from'].text}-{form.cleaned_data['to'].text}.csv"
     name = "".join(ch for ch in name if ch.isalnum() or ch in "-.")
-    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    return response
+    # Streamed: the header goes out at once, the rows once the facts are read.
+    return csv_response([writer.writerow(HEADER)], rows, filename=name)

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET
 
 from dashboard.queries import costs
 from dashboard.queries import report as q
+from dashboard.streaming import csv_response
 from governance import time_source
 
 PER_PAGE = 25
@@ -427,25 +428,33 @@ def delivery_report_csv(request: HttpRequest) -> HttpResponse:
         return HttpResponse(
             f"Bad report filters: {errors}\n", status=400, content_type="text/plain"
         )
-    report = q.delivery_report(form.query())
+    query = form.query()
     name = (
         f"delivery-report-{_filename_part(form.cleaned_data['from'])}-"
         f"{_filename_part(form.cleaned_data['to'])}.csv"
     )
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    writer = csv.writer(response)
 
-    def write(cells: list[str]) -> None:
-        writer.writerow([csv_safe(cell) for cell in cells])
+    writer = csv.writer(_Echo())
 
-    write([f"group ({report.query.group})", *AGGREGATE_HEADER])
-    for row in report.groups:
-        write(aggregate_cells(report, row))
-    if report.groups:
-        write(aggregate_cells(report, report.total))
-    writer.writerow([])
-    write(DISCREPANCY_HEADER)
-    for row in report.discrepancies:
-        write(discrepancy_cells(row))
-    return response
+    def write(cells: list[str]) -> str:
+        return writer.writerow([csv_safe(cell) for cell in cells])
+
+    def rows() -> list[str]:
+        report = q.delivery_report(query)
+        lines = [write(aggregate_cells(report, row)) for row in report.groups]
+        if report.groups:
+            lines.append(write(aggregate_cells(report, report.total)))
+        lines += [writer.writerow([]), write(DISCREPANCY_HEADER)]
+        lines += [write(discrepancy_cells(row)) for row in report.discrepancies]
+        return lines
+
+    # Streamed: the header goes out at once, the rows once the report is read.
+    header = write([f"group ({query.group})", *AGGREGATE_HEADER])
+    return csv_response([header], rows, filename=name)
+
+
+class _Echo:
+    """A file that hands back what is written: csv.writer's rows as strings."""
+
+    def write(self, value: str) -> str:
+        return value

@@ -267,7 +267,11 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["status", "created_at"])]
+        indexes = [
+            models.Index(fields=["status", "created_at"]),
+            # The runs page, newest first (issue 12: bench/scale.py).
+            models.Index(fields=["-created_at", "-id"], name="run_newest_first"),
+        ]
         permissions = [
             ("submit_run", "Can submit runs"),
             ("cancel_run", "Can stop runs"),

@@ -84,3 +84,18 @@ def embedded_folders():
     from dashboard.embedded import make_folders
 
     make_folders()
+
+
+def streamed_body(response) -> bytes:
+    """The whole body of a streamed response, its iterator synchronous or not
+    (the CSV exports stream an asynchronous one: dashboard/streaming.py)."""
+    from asgiref.sync import async_to_sync
+
+    assert response.streaming
+    if not response.is_async:
+        return b"".join(response.streaming_content)
+
+    async def collect() -> bytes:
+        return b"".join([part async for part in response.streaming_content])
+
+    return async_to_sync(collect)()

@@ -10,10 +10,20 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from governance.models import Provider, ProviderAttempt
-from governance.rules.cost import AttemptCost, CostSummary, Prices, attempt_cost, summarize_costs
+from governance.rules.cost import (
+    AttemptCost,
+    CostSummary,
+    Prices,
+    UsageShape,
+    attempt_cost,
+    summarize_costs,
+    summarize_shapes,
+    usage_shape,
+)
 
 
 def prices_of(provider: Provider) -> Prices:
@@ -53,12 +63,78 @@ _PRICE_FIELDS = (
 )
 
 
+# Generated columns of governance_providerattempt on PostgreSQL (migration 0013): the
+# cost rule's reading of ``usage`` (governance.rules.cost.usage_shape) stored by the
+# database whoever writes the row, so a sum over many requests reads no JSON.
+GENERATED = ("usage_reported", "usage_billed_input", "usage_output", "usage_cached")
+
+
+def _merge(found: dict, key: tuple, shape: UsageShape) -> None:
+    had = found.get(key)
+    found[key] = shape if had is None else UsageShape(
+        had.requests + shape.requests, shape.reported, had.billed_input + shape.billed_input,
+        had.output + shape.output, had.cached + shape.cached,
+    )  # fmt: skip
+
+
+def usage_shapes(
+    attempts: QuerySet[ProviderAttempt], *, by_run: bool
+) -> tuple[list[tuple], dict[int, Prices]]:
+    """The requests of ``attempts`` summed by (run, when ``by_run``), provider, refused
+    or not, and shape (``rules.cost.UsageShape``: the kinds of token billed): rows of
+    ``(run_id | None, provider pk, "refused" | "other", shape)``, and the prices of
+    the providers concerned.
+
+    One query (the prices joined). On PostgreSQL the sums are taken there (a
+    million requests stay in the database); elsewhere each request is read and
+    summed here, alike."""
+    found: dict[tuple, UsageShape] = {}
+    prices: dict[int, Prices] = {}
+    base = attempts.order_by().values("run_id", "provider_id", "result", "usage", *_PRICE_FIELDS)
+    if connection.vendor == "postgresql":
+        columns = {name: f'"governance_providerattempt"."{name}"' for name in GENERATED}
+        inner, params = (
+            attempts.order_by()
+            .extra(select=columns)
+            .values("run_id", "provider_id", "result", *_PRICE_FIELDS, *GENERATED)
+            .query.sql_with_params()
+        )
+        priced = ", ".join(f'"{name}"' for name in _PRICE_FIELDS)
+        sql = f"""
+            SELECT {"run_id" if by_run else "NULL"}, provider_id, {priced}, result = 'refused',
+                   usage_reported, count(*), sum(usage_billed_input), sum(usage_output),
+                   sum(usage_cached)
+            FROM ({inner}) AS chosen
+            GROUP BY 1, 2, 3, 4, 5, 6, 7, 8,
+                     usage_billed_input > 0, usage_output > 0, usage_cached > 0
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = [
+                (run_id, provider, Prices(p_in, p_out, p_cached, currency),
+                 "refused" if refused else "other",
+                 UsageShape(n, reported, int(billed), int(output), int(cached)))
+                for run_id, provider, p_in, p_out, p_cached, currency, refused, reported, n,
+                billed, output, cached in cursor.fetchall()
+            ]  # fmt: skip
+    else:
+        rows = [
+            (row["run_id"] if by_run else None, row["provider_id"],
+             Prices(*(row[name] for name in _PRICE_FIELDS)),
+             "refused" if row["result"] == "refused" else "other", usage_shape(row["usage"]))
+            for row in base.iterator(chunk_size=5000)
+        ]  # fmt: skip
+    for run_id, provider, price, result, shape in rows:
+        prices[provider] = price
+        _merge(found, (run_id, provider, result, shape.kinds, shape.reported), shape)
+    return [(key[0], key[1], key[2], shape) for key, shape in found.items()], prices
+
+
 def cost_summary(attempts: QuerySet[ProviderAttempt]) -> CostSummary:
-    """Cost of a set of attempts, in one query (their providers' prices joined)."""
-    rows = attempts.order_by().values_list("result", "usage", *_PRICE_FIELDS)
-    return summarize_costs(
-        (result, attempt_cost(usage, Prices(p_in, p_out, p_cached, currency)))
-        for result, usage, p_in, p_out, p_cached, currency in rows.iterator(chunk_size=2000)
+    """Cost of a set of attempts: one query, whatever their number."""
+    shapes, prices = usage_shapes(attempts, by_run=False)
+    return summarize_shapes(
+        (result, shape, prices[provider]) for _, provider, result, shape in shapes
     )
 
 
@@ -100,19 +176,26 @@ def summary_json(summary: CostSummary) -> dict[str, Any]:
     }
 
 
-def costs_by_run(run_ids: Any) -> dict[Any, list[tuple[str, AttemptCost]]]:
-    """(result, cost) of every request of the runs ``run_ids`` (ids or a subquery), by run:
-    one query, the providers' prices joined."""
-    rows = (
-        ProviderAttempt.objects.filter(run_id__in=run_ids)
-        .order_by()
-        .values_list("run_id", "result", "usage", *_PRICE_FIELDS)
-    )
-    found: dict[Any, list[tuple[str, AttemptCost]]] = {}
-    for run_id, result, usage, p_in, p_out, p_cached, currency in rows.iterator(chunk_size=5000):
-        cost = attempt_cost(usage, Prices(p_in, p_out, p_cached, currency))
-        found.setdefault(run_id, []).append((result, cost))
-    return found
+RunCosts = dict[Any, list[tuple[int, str, UsageShape]]]
+
+
+def costs_by_run(run_ids: Any) -> tuple[RunCosts, dict[int, Prices]]:
+    """The requests of the runs ``run_ids`` (ids or a subquery) by run, as
+    (provider pk, result, shape) summed by shape, and the providers' prices: one
+    query, whatever their number. ``summarize`` prices them."""
+    shapes, prices = usage_shapes(ProviderAttempt.objects.filter(run_id__in=run_ids), by_run=True)
+    found: RunCosts = {}
+    for run_id, provider, result, shape in shapes:
+        found.setdefault(run_id, []).append((provider, result, shape))
+    return found, prices
+
+
+def summarize(items: Any, prices: dict[int, Prices]) -> CostSummary:
+    """``items``: (provider pk, result, shape); like shapes are summed before pricing."""
+    merged: dict[tuple, UsageShape] = {}
+    for provider, result, shape in items:
+        _merge(merged, (provider, result, shape.kinds, shape.reported), shape)
+    return summarize_shapes((key[1], shape, prices[key[0]]) for key, shape in merged.items())
 
 
 def summary_cells(summary: CostSummary) -> list[str]:

@@ -37,7 +37,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, TruncDate
 
-from dashboard.queries.costs import costs_by_run
+from dashboard.queries.costs import costs_by_run, summarize
 from governance.models import (
     BodyChunk,
     Provider,
@@ -46,7 +46,7 @@ from governance.models import (
     Settlement,
     ToolReceipt,
 )
-from governance.rules.cost import AttemptCost, CostSummary, summarize_costs
+from governance.rules.cost import CostSummary, UsageShape
 from governance.rules.publication import (
     CallbackStatus,
     ChunkFacts,
@@ -475,8 +475,8 @@ def delivery_report(query: ReportQuery) -> Report:
     """R7.4: the aggregate per group (database) merged with the per-run judgement (rules),
     and the cost of each group's provider requests (one more query)."""
     groups = {row.key: row for row in grouped_counts(query)}
-    run_costs = costs_by_run(settlements(query).values("run_id"))
-    cost_items: dict[Any, list[tuple[str, AttemptCost]]] = defaultdict(list)
+    run_costs, prices = costs_by_run(settlements(query).values("run_id"))
+    cost_items: dict[Any, list[tuple[int, str, UsageShape]]] = defaultdict(list)
     listed: list[DiscrepancyRow] = []
     runs = flagged = 0
     for run in run_deliveries(query):
@@ -498,10 +498,10 @@ def delivery_report(query: ReportQuery) -> Report:
                 DiscrepancyRow(run, found.code, CODE_TITLES.get(found.code, ""), found.text)
             )
     for key, row in groups.items():
-        row.cost = summarize_costs(cost_items.get(key, ()))
+        row.cost = summarize(cost_items.get(key, ()), prices)
     ordered = [groups[key] for key in sorted(groups, key=_sortable)]
     total = GroupRow(key=None, outcomes=dict.fromkeys(OUTCOMES, 0))
-    total.cost = summarize_costs(item for items in cost_items.values() for item in items)
+    total.cost = summarize((i for items in cost_items.values() for i in items), prices)
     for row in ordered:
         total.runs += row.runs
         total.committed += row.committed

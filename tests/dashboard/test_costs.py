@@ -18,6 +18,7 @@ from governance import services, time_source
 from governance.models import ApiToken, Provider, ProviderAttempt
 from governance.services.errors import ServiceError
 from governance.services.providers import create_provider, update_provider
+from tests.conftest import streamed_body
 
 pytestmark = pytest.mark.django_db
 
@@ -207,7 +208,9 @@ def test_the_delivery_report_shows_cost_refused_cost_and_unknown_per_group(
     assert "Cost of provider requests" in page
     assert "0.0105 USD" in page and "0.0070 USD" in page
     assert "1 no usage reported" in page and "not counted as 0" in page
-    rows = list(csv.reader(io.StringIO(client.get(reverse("report-csv"), params).content.decode())))
+    rows = list(
+        csv.reader(io.StringIO(streamed_body(client.get(reverse("report-csv"), params)).decode()))
+    )
     header = rows[0]
     assert header[-3:] == ["cost", "cost of refused sends", "requests without a known cost"]
     day = rows[1]
@@ -233,7 +236,9 @@ def test_a_group_whose_requests_report_no_usage_says_unknown_not_zero(client, ma
     import csv
     import io
 
-    rows = list(csv.reader(io.StringIO(client.get(reverse("report-csv"), params).content.decode())))
+    rows = list(
+        csv.reader(io.StringIO(streamed_body(client.get(reverse("report-csv"), params)).decode()))
+    )
     assert rows[1][0] == "alpha" and rows[1][-3:] == ["unknown", "—", "1"]
 
 
@@ -302,3 +307,69 @@ def test_only_who_may_change_providers_sets_prices(client, operator, oncall):
     )
     assert response.status_code == 403
     assert Provider.objects.get(provider_id="alpha").price_input_per_mtok is None
+
+
+# --------------------------------------------------------------------------- sums at scale
+
+
+USAGES = [
+    {}, {"input_tokens": 1000, "output_tokens": 100}, {"prompt_tokens": 7, "completion_tokens": 3},
+    {"input_tokens": 500, "cached_tokens": 800}, {"input_tokens": 900, "cached_tokens": 300},
+    {"output_tokens": 12}, {"cache_read_input_tokens": 40, "input_tokens": 60},
+    {"input_tokens": "12"}, {"input_tokens": True}, {"input_tokens": 1.5}, {"input_tokens": -3},
+    {"input_tokens": 0, "output_tokens": 0}, {"input_tokens": "x", "prompt_tokens": 5},
+    {"other": 1},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "other"])
+def test_the_summed_cost_equals_the_sum_of_each_requests_cost(monkeypatch, vendor):
+    """The report and segment page sum by shape (in the database on PostgreSQL); the
+    result is the rule's own per-request cost summed — for odd usage too."""
+    import random
+
+    from dashboard.queries import costs as cost_queries
+    from governance.rules.cost import attempt_cost, summarize_costs
+
+    full = create_provider(
+        provider_id="full", kind="scripted", model="m", script={}, by="t", now=NOW,
+        price_input_per_mtok="2.5", price_output_per_mtok="10", price_cached_per_mtok="0.25",
+        currency="USD",
+    )  # fmt: skip
+    input_only = create_provider(
+        provider_id="input-only", kind="scripted", model="m", script={}, by="t", now=NOW,
+        price_input_per_mtok="1", currency="EUR",
+    )  # fmt: skip
+    none = create_provider(
+        provider_id="none", kind="scripted", model="m", script={}, by="t", now=NOW
+    )
+    thread = services.create_thread(provider_chain=["full"], now=NOW)
+    run, stage, _ = services.submit_run(thread, input="hi", now=NOW)
+    rng = random.Random(7)
+    expected = []
+    for n in range(300):
+        provider = rng.choice([full, input_only, none])
+        usage = rng.choice(USAGES)
+        result = rng.choice(["accepted", "refused", "failed"])
+        ProviderAttempt.objects.create(
+            run=run, stage=stage, segment=run.segment, provider=provider, model="m",
+            kind="original", request_digest=f"r{n}", started_at=NOW, result=result, usage=usage,
+        )  # fmt: skip
+        expected.append((result, attempt_cost(usage, cost_queries.prices_of(provider))))
+    monkeypatch.setattr(cost_queries.connection, "vendor", vendor)
+    assert cost_queries.cost_summary(ProviderAttempt.objects.all()) == summarize_costs(expected)
+    by_run, prices = cost_queries.costs_by_run([run.id])
+    assert cost_queries.summarize(by_run[run.id], prices) == summarize_costs(expected)
+
+
+def test_the_generated_usage_columns_read_the_rules_own_keys():
+    """Migration 0013 writes the keys out (a migration must not change with the code):
+    they are the cost rule's."""
+    import importlib
+
+    from governance.rules import cost
+
+    migration = importlib.import_module("governance.migrations.0013_refusal_schedules")
+    assert (migration.INPUT_KEYS, migration.OUTPUT_KEYS, migration.CACHED_KEYS) == (
+        cost.INPUT_KEYS, cost.OUTPUT_KEYS, cost.CACHED_KEYS,
+    )  # fmt: skip

@@ -21,6 +21,7 @@ from governance import services, time_source
 from governance.models import ApiToken, Provider, SegmentRefusal
 from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 from governance.services.refusals import record_turn, segment_refusals
+from tests.conftest import streamed_body
 
 pytestmark = pytest.mark.django_db
 
@@ -257,7 +258,7 @@ def test_the_csv_holds_the_totals_then_every_row(timeline, client, manager):
     response = client.get(reverse("insights-csv"), {"from": "2025-03-01", "to": "2025-03-08"})
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = list(csv.reader(io.StringIO(streamed_body(response).decode())))
     assert rows[0][:5] == ["tier", "provider", "model", "category", "sends"]
     totals = [r for r in rows[1:] if r[1] == "all providers"]
     detail = [r for r in rows[1:] if r[1] == "alpha"]

@@ -36,6 +36,7 @@ from governance.models import (
     ToolReceipt,
 )
 from governance.rules.publication import DISCREPANCY_CODES, CallbackStatus
+from tests.conftest import streamed_body
 
 pytestmark = pytest.mark.django_db
 
@@ -204,7 +205,8 @@ def get_report(client, **params):
 
 
 def read_csv(response) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert response.streaming  # issue 12: streamed, the header first
+    rows = list(csv.reader(io.StringIO(streamed_body(response).decode())))
     blank = rows.index([])
     aggregate, discrepancies = rows[:blank], rows[blank + 1 :]
     return aggregate[0], aggregate[1:], discrepancies[0], discrepancies[1:]
@@ -809,3 +811,29 @@ def test_r84_grouping_happens_in_the_database(client, manager, providers):
 def test_group_key_in_python_matches_the_database_day_in_utc():
     moment = datetime(2025, 3, 1, 23, 30, tzinfo=UTC)
     assert q.group_key("day", settled_at=moment, provider="", outcome="x") == date(2025, 3, 1)
+
+
+def test_r84_the_csv_sends_its_header_before_the_report_is_read(
+    client, manager, providers, monkeypatch
+):
+    """Issue 12: streamed with an asynchronous iterator (Django's ASGI handler would read a
+    synchronous one to its end first): the header line comes before any row is read."""
+    from asgiref.sync import async_to_sync
+
+    read = []
+    real = q.delivery_report
+    monkeypatch.setattr(q, "delivery_report", lambda query: read.append(query) or real(query))
+    make_run(RunSpec())
+    client.force_login(manager)
+    response = client.get(CSV)
+    assert response.status_code == 200 and response.is_async
+
+    async def consume():
+        seen = []
+        async for part in response.streaming_content:
+            seen.append((part, len(read)))  # how often the report was read by then
+        return seen
+
+    seen = async_to_sync(consume)()
+    assert seen[0][0].decode().startswith("group (day),runs,") and seen[0][1] == 0
+    assert seen[-1][1] == 1 and len(seen) > 3
