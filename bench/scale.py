@@ -1,0 +1,1174 @@
+"""Benchmark: the dashboard at production size (issue 12).
+
+Fills a fresh PostgreSQL database with 10,000 runs, 100,000 segments and
+1,000,000 provider attempts (with their threads, sessions, stages, ledgers,
+settlements, body chunks, callbacks, refusal state, fallback cards and
+alerts), by COPY, with a progress bar; then starts the real system
+(``manage.py up``) and times, as a logged-in administrator, each list page,
+the segment page of a long-lived segment (its own 20,000 attempts over 30
+days: a refusal, its re-probes, frozen), the page of a run with 100 attempts,
+the delivery report over 30 days, the Insights page over 30 days and the two
+CSV exports.
+
+Targets (2 cores): **p95 ≤ 100 ms per page**; the CSV exports are streamed and
+their first byte comes within 200 ms.
+
+The time is measured by the client on loopback (a keep-alive connection, the
+request sent → the last byte read): the server's time plus a loopback round
+trip. Each page is asked ``--repeat`` times (default 20) after two warm-up
+requests.
+
+Like ``bench/throughput.py`` it uses only HTTP, manage.py and SQL, never the
+project's modules: a database of its own (``BENCH_SCALE_DATABASE_URL``,
+default postgres://postgres@127.0.0.1:5432/governance_scale, dropped and
+recreated, dropped at the end unless ``--keep``), owned by a role of its own
+with a connection limit, and a Redis database number it flushes
+(``BENCH_SCALE_REDIS_URL``, default redis://127.0.0.1:6379/10).
+
+Run: .venv/bin/python bench/scale.py [--small | --fraction F] [--repeat N] [--keep]
+[--json] (``--small``: a twentieth of the data, for a quick look). Exit 0 whatever the
+figures; 1 when the system did not start or the data could not be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import httpx
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = str(ROOT / "manage.py")
+PYTHON = sys.executable
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/governance_scale"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/10"  # throughput 13, flood 14, bad_input 6
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+START_TIMEOUT_S = 180.0
+PAGE_TARGET_MS = 100.0
+FIRST_BYTE_TARGET_MS = 200.0
+
+FULL = {"runs": 10_000, "segments": 100_000, "attempts": 1_000_000}
+STAGES_PER_RUN = 5
+SEGMENTS_PER_SESSION = 10
+SESSIONS_PER_THREAD = 5
+DAYS = 60  # the data spans the last 60 days
+DELAYS = (timedelta(minutes=15), timedelta(hours=1), timedelta(hours=6))  # R3.2
+PROVIDERS = [
+    # provider_id, model, prices per million (input, output, cached) or None
+    ("scale-alpha", "alpha-large", ("3", "15", "0.3")),
+    ("scale-beta", "beta-medium", ("0.5", "1.5", None)),
+    ("scale-gamma", "gamma-guard", ("0.8", "3.2", None)),
+    ("scale-delta", "delta-writer", ("1", "4", None)),
+    ("scale-epsilon", "epsilon-small", None),
+    ("scale-zeta", "zeta-pro", ("5", "15", "0.5")),
+]
+
+
+def log(message: str) -> None:
+    print(f"[scale] {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def pct(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_db(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, max(1, total), 0
+        self.began = time.monotonic()
+        self.shown = -1
+        self.tty = sys.stderr.isatty()
+
+    def add(self, n: int = 1) -> None:
+        self.done += n
+        step = int(40 * self.done / self.total)
+        if step != self.shown and (self.tty or self.done >= self.total):
+            self.shown = step
+            bar = "#" * step + "." * (40 - step)
+            sys.stderr.write(f"\r[scale] {self.label:<22} [{bar}] {self.done:>9,}/{self.total:,}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        elapsed = time.monotonic() - self.began
+        sys.stderr.write(f"  {elapsed:5.1f} s\n")
+        sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- the data
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def _digest(rng: random.Random) -> str:
+    return f"{rng.getrandbits(256):064x}"
+
+
+class Filler:
+    """Writes the facts by COPY, ids chosen here (the sequences are moved after)."""
+
+    def __init__(self, conn: psycopg.Connection, sizes: dict[str, int], now: datetime) -> None:
+        self.conn = conn
+        self.sizes = sizes
+        self.now = now
+        self.rng = random.Random(12)
+        self.provider_pk: dict[str, int] = {}
+        self.limits = "{}"
+        self.long_segment = 0  # the long-lived segment's id
+        self.sample_run = ""  # a run with 100 attempts
+        self.stage_id = 0
+        self.attempt_id = 0
+        self.event_id = 0
+
+    def copy(self, table: str, columns: tuple[str, ...], rows, label: str, total: int) -> None:
+        bar = Progress(label, total)
+        quoted = ", ".join(f'"{column}"' for column in columns)  # "authorization" is a keyword
+        with (
+            self.conn.cursor() as cur,
+            cur.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+                bar.add()
+        bar.close()
+
+    def fill(self) -> None:
+        # The rows are consistent by construction: no foreign-key triggers while copying
+        # (the bench connects as a superuser; the system under test does not).
+        self.conn.execute("SET session_replication_role = replica")
+        sizes = self.sizes
+        runs, segments, attempts = sizes["runs"], sizes["segments"], sizes["attempts"]
+        per_thread = SESSIONS_PER_THREAD * SEGMENTS_PER_SESSION
+        threads = max(2, segments // per_thread)
+        start = self.now - timedelta(days=DAYS)
+        rng = self.rng
+        chain_ids = [p[0] for p in PROVIDERS]
+
+        # Threads, sessions, segments: each thread lives across the 60 days.
+        thread_rows, session_rows, segment_rows = [], [], []
+        self.thread_segments: list[list[tuple[int, datetime, datetime | None]]] = []
+        self.thread_chain: list[list[str]] = []
+        segment_id = 0
+        for t in range(threads):
+            tid = uuid.UUID(int=rng.getrandbits(128))
+            chain = rng.sample(chain_ids, 2 if t % 3 else 3)
+            self.thread_chain.append(chain)
+            opened = start + timedelta(seconds=rng.uniform(0, 3600))
+            thread_rows.append(
+                (
+                    tid,
+                    f"scale thread {t}",
+                    json.dumps(chain),
+                    PROVIDERS[0][1],
+                    "default",
+                    "[]",
+                    "You help.",
+                    "",
+                    _iso(opened),
+                )
+            )
+            span = (self.now - opened) / per_thread
+            segs = []
+            for g in range(1, SESSIONS_PER_THREAD + 1):
+                sid = f"{tid.hex[:12]}-g{g}"
+                session_rows.append(
+                    (
+                        sid,
+                        tid,
+                        g,
+                        "" if g == 1 else "fresh_start",
+                        "",
+                        _iso(opened + span * (g - 1) * SEGMENTS_PER_SESSION),
+                    )
+                )
+                for n in range(1, SEGMENTS_PER_SESSION + 1):
+                    segment_id += 1
+                    index = (g - 1) * SEGMENTS_PER_SESSION + (n - 1)
+                    seg_open = opened + span * index
+                    last = index == per_thread - 1
+                    seg_close = None if last else seg_open + span
+                    kind = (
+                        ""
+                        if last
+                        else ("fresh_start" if n == SEGMENTS_PER_SESSION else "tool_surface_change")
+                    )
+                    segment_rows.append(
+                        (
+                            segment_id,
+                            f"{sid}#{n}",
+                            n,
+                            PROVIDERS[0][1],
+                            "default",
+                            "[]",
+                            "You help.",
+                            _iso(seg_open),
+                            _iso(seg_close) if seg_close else None,
+                            kind,
+                            "" if last else "scale",
+                            "" if last else "scale data",
+                            None if last else segment_id + 1,
+                            tid,
+                            sid,
+                            "",
+                        )
+                    )
+                    segs.append((segment_id, seg_open, seg_close))
+            self.thread_segments.append(segs)
+        self.threads = [row[0] for row in thread_rows]
+        self.copy(
+            "governance_thread",
+            (
+                "id",
+                "title",
+                "provider_chain",
+                "model",
+                "mode",
+                "tool_surface",
+                "system_prompt",
+                "callback_url",
+                "created_at",
+            ),
+            thread_rows,
+            "threads",
+            len(thread_rows),
+        )
+        self.copy(
+            "governance_threadsession",
+            ("id", "thread_id", "generation", "opened_by", "summary", "created_at"),
+            session_rows,
+            "sessions",
+            len(session_rows),
+        )
+        self.copy(
+            "governance_segment",
+            (
+                "id",
+                "key",
+                "segment_no",
+                "model",
+                "mode",
+                "tool_surface",
+                "system_prompt",
+                "opened_at",
+                "closed_at",
+                "closed_kind",
+                "closed_by",
+                "close_reason",
+                "next_segment_id",
+                "thread_id",
+                "session_id",
+                "tool_schemas",
+            ),
+            segment_rows,
+            "segments",
+            len(segment_rows),
+        )
+
+        # Runs: most on closed segments over the 60 days; one thread's open segment is
+        # long-lived (30 days) and holds 2 % of the runs, with a refusal, its
+        # re-probes and the freeze.
+        long_thread = 0
+        long_segment, long_open, _ = self.thread_segments[long_thread][-1]
+        long_open = self.now - timedelta(days=30)
+        self.long_segment = long_segment
+        plan = []  # (run id, thread index, segment id, created_at, long-lived)
+        long_runs = max(20, runs // 50)
+        for r in range(runs):
+            rid = uuid.UUID(int=rng.getrandbits(128))
+            if r < long_runs:
+                created = long_open + timedelta(days=30) * (r + 1) / (long_runs + 1)
+                plan.append((rid, long_thread, long_segment, created, True))
+                continue
+            t = rng.randrange(1, len(self.thread_segments))
+            seg, seg_open, seg_close = rng.choice(self.thread_segments[t])
+            end = seg_close or self.now
+            created = seg_open + (end - seg_open) * rng.uniform(0.05, 0.95)
+            plan.append((rid, t, seg, created, False))
+        plan.sort(key=lambda p: p[3])
+        self.plan = plan
+        self.sample_run = str(next(p[0] for p in reversed(plan) if not p[4]))
+        self._runs(plan)
+        self._stages_and_attempts(plan, attempts)
+        self._settlements(plan)
+        self._refusals_and_alerts()
+
+    def _runs(self, plan) -> None:
+        rng = self.rng
+
+        def rows():
+            for rid, t, seg, created, _long in plan:
+                settled = created < self.now - timedelta(minutes=2) or rng.random() < 0.5
+                auth = json.dumps({"user": "scale", "scopes": [], "recorded_at": _iso(created)})
+                yield (
+                    rid,
+                    "How much did the incident cost?",
+                    "settled" if settled else "running",
+                    "settled" if settled else "research",
+                    "[]",
+                    _iso(created),
+                    _iso(created + timedelta(minutes=30)),
+                    _iso(created + timedelta(seconds=9)),
+                    300.0,
+                    180.0,
+                    auth,
+                    None,
+                    None,
+                    "",
+                    "{}",
+                    "https://hooks.example.test/cb" if rng.random() < 0.3 else "",
+                    None,
+                    seg,
+                    self.threads[t],
+                )
+
+        self.copy(
+            "governance_run",
+            (
+                "id",
+                "input",
+                "status",
+                "phase",
+                "decisions",
+                "created_at",
+                "deadline_at",
+                "last_progress_at",
+                "no_progress_limit_s",
+                "stage_budget_s",
+                "authorization",
+                "idempotency_key",
+                "cancel_requested_at",
+                "cancel_requested_by",
+                "trace_context",
+                "callback_url",
+                "previous_run_id",
+                "segment_id",
+                "thread_id",
+            ),
+            rows(),
+            "runs",
+            len(plan),
+        )
+        self.copy(
+            "governance_budgetaccount",
+            ("id", "run_id", "limits"),
+            ((n + 1, p[0], self.limits) for n, p in enumerate(plan)),
+            "ledgers",
+            len(plan),
+        )
+
+    def _stages_and_attempts(self, plan, attempts: int) -> None:
+        rng = self.rng
+        per_stage = max(1, attempts // (len(plan) * STAGES_PER_RUN))
+        stage_rows, events = [], []
+        clocks = json.dumps(
+            {"queue_ms": 4, "execution_ms": 900, "no_progress_ms": 900, "deadline_ms": 905}
+        )
+        refusals, last_refusal = 0, self.now  # the long-lived segment's refusal state
+        pk = self.provider_pk
+        models = {p[0]: p[1] for p in PROVIDERS}
+        total = len(plan) * STAGES_PER_RUN * per_stage
+        bar = Progress("stages and attempts", total)
+        with (
+            self.conn.cursor() as cur,
+            cur.copy(
+                "COPY governance_providerattempt (id, run_id, stage_id, segment_id, "
+                "provider_id, model, kind, request_digest, started_at, latency_ms, result, "
+                "failure_class, refusal_category, status_code, finish_reason, usage, error, "
+                "tool_names) FROM STDIN"
+            ) as copy,
+        ):
+            for rid, t, seg, created, is_long in plan:
+                chain = self.thread_chain[t]
+                at = created
+                for seq in range(1, STAGES_PER_RUN + 1):
+                    self.stage_id += 1
+                    stage = self.stage_id
+                    begun = at
+                    for n in range(per_stage):
+                        self.attempt_id += 1
+                        provider = chain[n % len(chain)] if not is_long else chain[1]
+                        kind, result, category = (
+                            "original" if n == 0 else "fallback",
+                            "accepted",
+                            "",
+                        )
+                        if is_long and n == 0 and refusals < 4:
+                            # The long-lived segment: alpha refused at first, re-probed
+                            # 15 min, 1 h and 6 h after each refusal (R3.2), then frozen.
+                            if refusals == 0 or at >= last_refusal + DELAYS[refusals - 1]:
+                                provider, result, category = chain[0], "refused", "policy"
+                                kind = "original" if refusals == 0 else "re_probe"
+                                refusals += 1
+                                last_refusal = at
+                                events.append((seg, rid, stage, at, chain[0], refusals))
+                        elif not is_long and n < 4 and seq == 2 and rng.random() < 0.1:
+                            kind = ("original", "re_render", "re_render", "history_only")[n]
+                            result, category = "refused", "policy"
+                        elif rng.random() < 0.02:
+                            result = "failed"
+                        usage = (
+                            json.dumps(
+                                {
+                                    "input_tokens": rng.randrange(200, 4000),
+                                    "output_tokens": rng.randrange(20, 800),
+                                }
+                            )
+                            if rng.random() < 0.9
+                            else "{}"
+                        )
+                        copy.write_row(
+                            (
+                                self.attempt_id,
+                                rid,
+                                stage,
+                                seg,
+                                pk[provider],
+                                models[provider],
+                                kind,
+                                _digest(rng),
+                                _iso(at),
+                                rng.randrange(200, 4000),
+                                result,
+                                "server_error" if result == "failed" else "",
+                                category,
+                                503 if result == "failed" else 200,
+                                "content_filter" if result == "refused" else "stop",
+                                usage,
+                                "",
+                                "{}",
+                            )
+                        )
+                        at += timedelta(milliseconds=rng.randrange(50, 400))
+                        bar.add()
+                    stage_rows.append(
+                        (
+                            stage,
+                            rid,
+                            seq,
+                            "model_turn",
+                            "{}",
+                            _iso(begun),
+                            _iso(begun),
+                            _iso(at),
+                            "answered",
+                            "",
+                            "",
+                            clocks,
+                            1,
+                            "",
+                            "",
+                        )
+                    )
+                    at += timedelta(seconds=1)
+        bar.close()
+        self.copy(
+            "governance_stage",
+            (
+                "id",
+                "run_id",
+                "seq",
+                "kind",
+                "payload",
+                "enqueued_at",
+                "started_at",
+                "finished_at",
+                "outcome",
+                "timeout_name",
+                "detail",
+                "clocks",
+                "deliveries",
+                "holder",
+                "failure_class",
+            ),
+            stage_rows,
+            "stages",
+            len(stage_rows),
+        )
+        self.long_events = events
+
+    def _settlements(self, plan) -> None:
+        rng = self.rng
+        settlement_rows, chunk_rows, callback_rows = [], [], []
+        chunk_id = callback_id = 0
+        for n, (rid, _t, _seg, created, _long) in enumerate(plan):
+            settled_at = created + timedelta(seconds=STAGES_PER_RUN * 3)
+            if settled_at > self.now:
+                continue
+            outcome = rng.choices(["completed", "partial", "failed", "cancelled"], [85, 6, 7, 2])[0]
+            settlement_rows.append(
+                (n + 1, rid, outcome, "answered", outcome, "[]", _iso(settled_at))
+            )
+            watched = rng.random()
+            for c in range(1, 4):
+                chunk_id += 1
+                sent = settled_at if watched < 0.7 else None
+                observed = settled_at if watched < 0.5 or (watched < 0.6 and c == 1) else None
+                chunk_rows.append(
+                    (
+                        chunk_id,
+                        rid,
+                        c,
+                        c,
+                        f"chunk {c} of the answer. " * 3,
+                        c == 3,
+                        _iso(created),
+                        _iso(settled_at),
+                        _iso(sent) if sent else None,
+                        _iso(observed) if observed else None,
+                    )
+                )
+            if rng.random() < 0.3:
+                callback_id += 1
+                state = rng.choices(["delivered", "failed", "retry"], [90, 7, 3])[0]
+                callback_rows.append(
+                    (
+                        callback_id,
+                        rid,
+                        "https://hooks.example.test/cb",
+                        f"cb-{rid}",
+                        json.dumps({"event": "run.settled", "outcome": outcome}),
+                        state,
+                        1 if state == "delivered" else 8,
+                        _iso(settled_at),
+                        _iso(settled_at) if state == "delivered" else None,
+                        200 if state == "delivered" else 503,
+                        "" if state == "delivered" else "HTTP 503",
+                        _iso(settled_at),
+                    )
+                )
+        self.copy(
+            "governance_settlement",
+            ("id", "run_id", "outcome", "reason_code", "reason", "unknown_effects", "settled_at"),
+            settlement_rows,
+            "settlements",
+            len(settlement_rows),
+        )
+        self.copy(
+            "governance_bodychunk",
+            (
+                "id",
+                "run_id",
+                "chunk_no",
+                "version",
+                "text",
+                "final",
+                "generated_at",
+                "committed_at",
+                "sent_at",
+                "observed_at",
+            ),
+            chunk_rows,
+            "body chunks",
+            len(chunk_rows),
+        )
+        self.copy(
+            "governance_runcallback",
+            (
+                "id",
+                "run_id",
+                "url",
+                "idempotency_key",
+                "payload",
+                "state",
+                "attempts",
+                "next_attempt_at",
+                "delivered_at",
+                "status_code",
+                "last_error",
+                "created_at",
+            ),
+            callback_rows,
+            "callbacks",
+            len(callback_rows),
+        )
+
+    def _refusals_and_alerts(self) -> None:
+        """The long-lived segment's refusal state (frozen), its fallback cards, its two
+        alerts; and refusal state on 5 % of the other segments (cooling or frozen)."""
+        rng = self.rng
+        refusal_rows, event_rows, alert_rows = [], [], []
+        long_first = self.long_events[0][3] if self.long_events else self.now
+        last = self.long_events[-1] if self.long_events else None
+        chain0 = self.thread_chain[0][0]
+        if last is not None:
+            refusal_rows.append(
+                (1, self.long_segment, chain0, "", "policy", last[5], _iso(last[3]), None)
+            )
+        # One fallback card per long-lived run's turn: alpha cooling, then frozen.
+        cursor_id = 0
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT id, run_id, started_at FROM governance_stage WHERE run_id IN "
+                "(SELECT id FROM governance_run WHERE segment_id = %s) ORDER BY started_at",
+                (self.long_segment,),
+            )
+            for stage_id, run_id, started in cur.fetchall():
+                cursor_id += 1
+                entry = {
+                    "provider_id": chain0,
+                    "model": None,
+                    "category": "policy",
+                    "refusals": 4,
+                    "refused_at": int(long_first.timestamp() * 1000),
+                    "state": "frozen",
+                    "reprobes": 3,
+                    "next_probe_at": None,
+                }
+                metadata = {
+                    "refusal": [entry],
+                    "health": [],
+                    "fallback_to": None,
+                    "text": f"Provider {chain0}: skipped in this segment for now.",
+                }
+                event_rows.append(
+                    (
+                        cursor_id,
+                        run_id,
+                        self.long_segment,
+                        stage_id,
+                        "llm-fallback",
+                        _iso(started),
+                        json.dumps(metadata),
+                    )
+                )
+        segment_key = None
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT key FROM governance_segment WHERE id = %s", (self.long_segment,))
+            segment_key = cur.fetchone()[0]
+        alert_rows.append(
+            (
+                1,
+                f"provider-refusal:{segment_key}:0:{chain0}",
+                "normal",
+                "Content refused: skipped in this segment for now.",
+                json.dumps([chain0]),
+                0,
+                _iso(long_first),
+                self.long_segment,
+            )
+        )
+        alert_rows.append(
+            (
+                2,
+                f"provider-refusal:{segment_key}:3:{chain0}",
+                "critical",
+                "Frozen in this segment: a boundary action is needed.",
+                json.dumps([chain0]),
+                3,
+                _iso(long_first + timedelta(hours=8)),
+                self.long_segment,
+            )
+        )
+        refusal_id, alert_id = len(refusal_rows), len(alert_rows)
+        for t, segs in enumerate(self.thread_segments[1:], start=1):
+            for seg, seg_open, seg_close in segs:
+                if rng.random() >= 0.05:
+                    continue
+                refusal_id += 1
+                count = rng.randrange(1, 5)
+                at = seg_open + timedelta(minutes=5)
+                refusal_rows.append(
+                    (refusal_id, seg, self.thread_chain[t][0], "", "policy", count, _iso(at), None)
+                )
+                if count == 4 and seg_close is None:
+                    alert_id += 1
+                    alert_rows.append(
+                        (
+                            alert_id,
+                            f"provider-refusal:s{seg}:3",
+                            "critical",
+                            "Frozen in this segment: a boundary action is needed.",
+                            json.dumps([self.thread_chain[t][0]]),
+                            3,
+                            _iso(at),
+                            seg,
+                        )
+                    )
+        self.copy(
+            "governance_segmentrefusal",
+            (
+                "id",
+                "segment_id",
+                "provider_id",
+                "model",
+                "category",
+                "refusals",
+                "refused_at",
+                "delays_s",
+            ),
+            refusal_rows,
+            "refusal state",
+            len(refusal_rows),
+        )
+        self.copy(
+            "governance_runevent",
+            ("id", "run_id", "segment_id", "stage_id", "kind", "at", "metadata"),
+            event_rows,
+            "fallback cards",
+            len(event_rows),
+        )
+        self.copy(
+            "governance_notification",
+            (
+                "id",
+                "dedupe_key",
+                "severity",
+                "text",
+                "provider_ids",
+                "reprobes",
+                "created_at",
+                "segment_id",
+                "escalation_level",
+            ),
+            [(*row, 0) for row in alert_rows],
+            "alerts",
+            len(alert_rows),
+        )
+
+    def finish(self) -> None:
+        """Move every sequence past the ids written here, and analyze."""
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT table_name, column_name FROM information_schema.columns "
+                "WHERE table_name LIKE 'governance_%%' AND column_default LIKE 'nextval%%' "
+                "OR (table_name LIKE 'governance_%%' AND is_identity = 'YES')"
+            )
+            for table, column in cur.fetchall():
+                cur.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
+                    f"GREATEST((SELECT COALESCE(MAX({column}), 0) FROM {table}), 1))"
+                )
+        self.conn.commit()
+        self.conn.autocommit = True
+        started = time.monotonic()
+        self.conn.execute("VACUUM ANALYZE")
+        self.conn.autocommit = False
+        log(f"vacuum analyze: {time.monotonic() - started:.1f} s")
+
+
+# --------------------------------------------------------------------------- the system
+
+
+class System:
+    def __init__(self, database_url: str, redis_url: str) -> None:
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self.db_name = urlsplit(database_url).path.lstrip("/")
+        self.app_role = f"{self.db_name}_app"
+        self.app_password = secrets.token_hex(16)
+        self.app_url = with_user(database_url, self.app_role, self.app_password)
+        self.var_dir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.up: subprocess.Popen | None = None
+        self.up_log = self.var_dir / "up.log"
+        self.db_created = False
+        self.keep = False
+        self.session = ""
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+            "GOVERNANCE_CALLBACK_SECRET": secrets.token_urlsafe(32),
+            "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "DJANGO_BEHIND_TLS_PROXY": "1",
+            "DATABASE_URL": self.app_url,
+            "REDIS_URL": redis_url,
+            "GOVERNANCE_VAR_DIR": str(self.var_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+        for name in (
+            "CELERY_BROKER_URL",
+            "CELERY_RESULT_BACKEND",
+            "DJANGO_SECRET_KEY_FILE",
+            "GOVERNANCE_CALLBACK_SECRET_FILE",
+            "GOVERNANCE_CLOCK_ADJUSTABLE",
+        ):
+            self.env.pop(name, None)
+
+    def admin_conn(self) -> psycopg.Connection:
+        return psycopg.connect(with_db(self.database_url, "postgres"), autocommit=True)
+
+    def fresh_database(self) -> None:
+        name, role = self.db_name, self.app_role
+        if not name or not name.replace("_", "").isalnum():
+            raise BenchError(1, f"bench database name must be [A-Za-z0-9_]+, not {name!r}")
+        for url, what in (
+            (self.database_url, "BENCH_SCALE_DATABASE_URL"),
+            (self.redis_url, "BENCH_SCALE_REDIS_URL"),
+        ):
+            if (urlsplit(url).hostname or "") not in LOOPBACK:
+                raise BenchError(1, f"{what} must point at a loopback address")
+        with self.admin_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+            self.db_created = True
+            conn.execute(
+                f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
+                f"CONNECTION LIMIT 24 PASSWORD '{self.app_password}'"
+            )
+            conn.execute(f'CREATE DATABASE "{name}" OWNER "{role}" CONNECTION LIMIT 24')
+        log(f"database {name} created, owned by role {role}")
+
+    def drop_database(self) -> None:
+        if not self.db_created or self.keep:
+            if self.keep:
+                log(f"--keep: database {self.db_name} and {self.var_dir} left in place")
+            return
+        try:
+            with self.admin_conn() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+                conn.execute(f'DROP ROLE IF EXISTS "{self.app_role}"')
+            log(f"database {self.db_name} and role {self.app_role} dropped")
+        except psycopg.Error as exc:
+            log(f"could not drop database {self.db_name}: {exc}")
+
+    def flush_redis(self) -> None:
+        import redis
+
+        number = urlsplit(self.redis_url).path.lstrip("/") or "0"
+        if not number.isdigit() or number == "0":
+            raise BenchError(1, "BENCH_SCALE_REDIS_URL must name a db number other than 0")
+        client = redis.Redis.from_url(self.redis_url)
+        client.flushdb()
+        client.close()
+
+    def manage(self, *args: str, timeout: float = 600) -> str:
+        result = subprocess.run(
+            [PYTHON, MANAGE, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if result.returncode != 0:
+            raise BenchError(
+                1,
+                f"manage.py {' '.join(args)[:60]} failed:\n"
+                f"{result.stderr[-3000:]}{result.stdout[-1000:]}",
+            )
+        return result.stdout
+
+    def prepare(self) -> dict[str, int]:
+        """Migrate; the providers and an administrator with a session (manage.py shell)."""
+        self.fresh_database()
+        self.flush_redis()
+        self.manage("migrate", "--noinput")
+        log("migrated")
+        providers = [
+            {
+                "provider_id": pid,
+                "model": model,
+                **(
+                    {
+                        "price_input_per_mtok": p[0],
+                        "price_output_per_mtok": p[1],
+                        "price_cached_per_mtok": p[2],
+                        "currency": "USD",
+                    }
+                    if p
+                    else {}
+                ),
+            }
+            for pid, model, p in PROVIDERS
+        ]
+        script = (
+            "import json\n"
+            "from django.apps import apps\n"
+            "from django.conf import settings\n"
+            "from django.contrib.auth import get_user_model\n"
+            "from django.contrib.sessions.backends.db import SessionStore\n"
+            "user = get_user_model().objects.create_superuser('scale', 'scale@localhost', "
+            "'unused-password-1')\n"
+            "store = SessionStore()\n"
+            "store['_auth_user_id'] = str(user.pk)\n"
+            "store['_auth_user_backend'] = settings.AUTHENTICATION_BACKENDS[0]\n"
+            "store['_auth_user_hash'] = user.get_session_auth_hash()\n"
+            "store.create()\n"
+            "Provider = apps.get_model('governance', 'Provider')\n"
+            f"for p in json.loads({json.dumps(json.dumps(providers))}):\n"
+            "    Provider.objects.create(kind='openai', base_url='http://127.0.0.1:9/v1', **p)\n"
+            "print(json.dumps({'session': store.session_key, 'budget': "
+            "settings.RUN_DEFAULT_BUDGET, 'providers': dict(Provider.objects.values_list("
+            "'provider_id', 'pk'))}))\n"
+        )
+        answer = json.loads(self.manage("shell", "-c", script).strip().splitlines()[-1])
+        self.session = answer["session"]
+        self.budget = answer["budget"]
+        return answer["providers"]
+
+    def start_up(self) -> None:
+        out = self.up_log.open("wb")
+        self.up = subprocess.Popen(
+            [
+                PYTHON,
+                MANAGE,
+                "up",
+                "--no-demo-admin",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--concurrency",
+                "1",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.up.poll() is not None:
+                raise BenchError(
+                    1,
+                    f"manage.py up exited with {self.up.returncode}:\n"
+                    f"{self.up_log.read_text()[-3000:]}",
+                )
+            try:
+                response = httpx.get(
+                    f"{self.base}/healthz", headers={"X-Forwarded-Proto": "https"}, timeout=2
+                )
+                if response.status_code == 200:
+                    log(f"manage.py up answers on {self.base} (pid {self.up.pid})")
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise BenchError(1, f"/healthz did not answer in {START_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> None:
+        if self.up is not None and self.up.poll() is None:
+            os.killpg(self.up.pid, signal.SIGTERM)
+            try:
+                self.up.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.up.pid, signal.SIGKILL)
+                self.up.wait(10)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_page(client: httpx.Client, path: str, repeat: int) -> dict:
+    times, status, size = [], None, 0
+    for attempt in range(repeat + 2):
+        began = time.perf_counter()
+        response = client.get(path)
+        body = response.content
+        elapsed = (time.perf_counter() - began) * 1000
+        status, size = response.status_code, len(body)
+        if attempt >= 2:  # two warm-up requests
+            times.append(elapsed)
+    return {
+        "path": path,
+        "status": status,
+        "bytes": size,
+        "p50_ms": pct(times, 50),
+        "p95_ms": pct(times, 95),
+    }
+
+
+def time_stream(client: httpx.Client, path: str, repeat: int) -> dict:
+    first, total, status, size = [], [], None, 0
+    for attempt in range(repeat + 2):
+        began = time.perf_counter()
+        with client.stream("GET", path) as response:
+            status = response.status_code
+            got_first = None
+            size = 0
+            for chunk in response.iter_raw():
+                if got_first is None and chunk:
+                    got_first = (time.perf_counter() - began) * 1000
+                size += len(chunk)
+        ended = (time.perf_counter() - began) * 1000
+        if attempt >= 2:
+            first.append(got_first if got_first is not None else ended)
+            total.append(ended)
+    return {
+        "path": path,
+        "status": status,
+        "bytes": size,
+        "p50_ms": pct(total, 50),
+        "p95_ms": pct(total, 95),
+        "first_byte_p50_ms": pct(first, 50),
+        "first_byte_p95_ms": pct(first, 95),
+    }
+
+
+def measure(system: System, filler_facts: dict, repeat: int) -> list[dict]:
+    today = datetime.now(UTC).date()
+    month = {"from": (today - timedelta(days=29)).isoformat(), "to": today.isoformat()}
+    pages = [
+        ("overview", "/"),
+        ("alerts", "/alerts/"),
+        ("segments list", "/segments/"),
+        ("runs list", "/runs/"),
+        ("providers", "/providers/"),
+        ("tools", "/tools/"),
+        ("audit log", "/audit/"),
+        ("segment page (long-lived)", f"/segments/{filler_facts['long_segment']}/"),
+        ("run page (100 attempts)", f"/runs/{filler_facts['sample_run']}/"),
+        ("delivery report, 30 days", f"/reports/delivery/?{urlencode({**month, 'group': 'day'})}"),
+        ("insights, 30 days", f"/insights/?{urlencode(month)}"),
+    ]
+    streams = [
+        ("delivery CSV, 30 days", f"/reports/delivery.csv?{urlencode({**month, 'group': 'day'})}"),
+        ("insights CSV, 30 days", f"/insights/reprobes.csv?{urlencode(month)}"),
+    ]
+    headers = {"X-Forwarded-Proto": "https", "Cookie": f"sessionid={system.session}"}
+    results = []
+    with httpx.Client(base_url=system.base, headers=headers, timeout=120) as client:
+        for name, path in pages:
+            result = time_page(client, path, repeat)
+            results.append({"page": name, **result})
+            log(
+                f"{name:<28} {result['status']} p50 {result['p50_ms']:7.1f} ms "
+                f"p95 {result['p95_ms']:7.1f} ms"
+            )
+        for name, path in streams:
+            result = time_stream(client, path, repeat)
+            results.append({"page": name, **result})
+            log(
+                f"{name:<28} {result['status']} first byte p95 "
+                f"{result['first_byte_p95_ms']:7.1f} ms, all p95 {result['p95_ms']:7.1f} ms"
+            )
+    return results
+
+
+def report(results: list[dict], sizes: dict[str, int], counts: dict[str, int]) -> None:
+    print(
+        f"Dashboard at scale: {counts.get('governance_run', 0):,} runs, "
+        f"{counts.get('governance_segment', 0):,} segments, "
+        f"{counts.get('governance_providerattempt', 0):,} attempts "
+        f"(asked {sizes['runs']:,} / {sizes['segments']:,} / {sizes['attempts']:,}); "
+        "client time on loopback, keep-alive, after 2 warm-ups"
+    )
+    print(f"{'page':<28} {'status':>6} {'p50':>9} {'p95':>9} {'target':>16}  verdict")
+    for r in results:
+        if "first_byte_p95_ms" in r:
+            ok = r["first_byte_p95_ms"] <= FIRST_BYTE_TARGET_MS
+            print(
+                f"{r['page']:<28} {r['status']:>6} {r['first_byte_p50_ms']:>6.1f} ms "
+                f"{r['first_byte_p95_ms']:>6.1f} ms {'first byte ≤ 200 ms':>16}  "
+                f"{'ok' if ok else 'MISSED'} (whole file p95 {r['p95_ms']:.0f} ms, "
+                f"{r['bytes']:,} bytes)"
+            )
+        else:
+            ok = r["p95_ms"] <= PAGE_TARGET_MS and r["status"] == 200
+            print(
+                f"{r['page']:<28} {r['status']:>6} {r['p50_ms']:>6.1f} ms "
+                f"{r['p95_ms']:>6.1f} ms {'p95 ≤ 100 ms':>16}  {'ok' if ok else 'MISSED'}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="a twentieth of the data")
+    parser.add_argument(
+        "--fraction", type=float, default=None, help="another share of the full size (0 to 1)"
+    )
+    parser.add_argument("--repeat", type=int, default=20, help="requests per page (default 20)")
+    parser.add_argument("--keep", action="store_true", help="leave the database in place")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    if not 1 <= args.repeat <= 1000:
+        print("scale.py: --repeat must be from 1 to 1000", file=sys.stderr)
+        return 2
+    if args.fraction is not None and not 0 < args.fraction <= 1:
+        print("scale.py: --fraction must be above 0 and at most 1", file=sys.stderr)
+        return 2
+    share = args.fraction if args.fraction is not None else (0.05 if args.small else 1.0)
+    sizes = {name: max(100, int(value * share)) for name, value in FULL.items()}
+    system = System(
+        os.environ.get("BENCH_SCALE_DATABASE_URL", DEFAULT_DATABASE_URL),
+        os.environ.get("BENCH_SCALE_REDIS_URL", DEFAULT_REDIS_URL),
+    )
+    system.keep = args.keep
+    try:
+        provider_pks = system.prepare()
+        began = time.monotonic()
+        with psycopg.connect(system.database_url) as conn:
+            filler = Filler(conn, sizes, datetime.now(UTC).replace(microsecond=0))
+            filler.provider_pk = provider_pks
+            filler.limits = json.dumps(system.budget)
+            filler.fill()
+            conn.commit()
+            filler.finish()
+            counts = {}
+            for table in ("governance_run", "governance_segment", "governance_providerattempt"):
+                counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        log(f"data written in {time.monotonic() - began:.0f} s")
+        system.start_up()
+        results = measure(
+            system,
+            {"long_segment": filler.long_segment, "sample_run": filler.sample_run},
+            args.repeat,
+        )
+        report(results, sizes, counts)
+        if args.json:
+            print(json.dumps({"sizes": sizes, "counts": counts, "results": results}))
+        return 0
+    except BenchError as exc:
+        log(str(exc))
+        return exc.code
+    except psycopg.Error as exc:
+        log(f"database error: {exc}")
+        return 1
+    finally:
+        system.stop()
+        system.drop_database()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
