@@ -322,13 +322,18 @@ class Filler:
         for r in range(runs):
             rid = uuid.UUID(int=rng.getrandbits(128))
             if r < long_runs:
-                created = long_open + timedelta(days=30) * (r + 1) / (long_runs + 1)
+                created = long_open + (timedelta(days=30) - timedelta(minutes=10)) * (r + 1) / (
+                    long_runs + 1
+                )
                 plan.append((rid, long_thread, long_segment, created, True))
                 continue
             t = rng.randrange(1, len(self.thread_segments))
             seg, seg_open, seg_close = rng.choice(self.thread_segments[t])
             end = seg_close or self.now
             created = seg_open + (end - seg_open) * rng.uniform(0.05, 0.95)
+            # Every run is settled, ten minutes ago at the latest: the watchdog and
+            # the other beat jobs have nothing to do while the pages are timed.
+            created = min(created, self.now - timedelta(minutes=10))
             plan.append((rid, t, seg, created, False))
         plan.sort(key=lambda p: p[3])
         self.plan = plan
@@ -343,7 +348,7 @@ class Filler:
 
         def rows():
             for rid, t, seg, created, _long in plan:
-                settled = created < self.now - timedelta(minutes=2) or rng.random() < 0.5
+                settled = True
                 auth = json.dumps({"user": "scale", "scopes": [], "recorded_at": _iso(created)})
                 yield (
                     rid,
