@@ -74,6 +74,17 @@ def outbound_allows_loopback(settings):
     settings.GOVERNANCE_OUTBOUND_ALLOW = parse_allow_list(LOOPBACK_ALLOW)
 
 
+@pytest.fixture(autouse=True)
+def fresh_script_counters():
+    """Scripted providers count their ``times`` rules in this process: each test
+    starts from zero, whatever an earlier test (the demo, say) already used."""
+    from tasks.adapters.scripted import DEFAULT_SCRIPT_STATE
+
+    DEFAULT_SCRIPT_STATE.reset()
+    yield
+    DEFAULT_SCRIPT_STATE.reset()
+
+
 # --- the embedded defaults' folders ---------------------------------------------
 
 
