@@ -146,7 +146,9 @@ def submit_run(
         return run, stage, True
 
     try:
-        with transaction.atomic():
+        # Only a key can collide (the run's id is new): without one, no savepoint
+        # to roll back to is needed inside the caller's transaction.
+        with transaction.atomic(savepoint=bool(idempotency_key)):
             return admit_new()
     except IntegrityError:
         # The key was used before (or by a request racing this one): the run

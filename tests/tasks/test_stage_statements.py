@@ -45,3 +45,24 @@ def test_a_single_turn_run_costs_three_worker_transactions_and_one_web_transacti
     assert len(web) <= 6, submitted.captured_queries
     # Claim with the turn's facts (10), the ledger's admission (5), the close (13).
     assert len(worker) <= 28, "\n".join(q["sql"][:120] for q in executed.captured_queries)
+
+
+def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key(
+    api, scripted_provider, monkeypatch
+):
+    monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
+    scripted_provider("counted", ANSWER)
+    thread = api.post("/api/v1/threads", {"provider_chain": ["counted"]}, expect=201).json()
+    path = f"/api/v1/threads/{thread['id']}/runs"
+    api.post(path, {"input": "warm up"}, expect=202)  # the token's last use, once a minute
+    with CaptureQueriesContext(connection) as plain:
+        api.post(path, {"input": "no key"}, expect=202)
+    with CaptureQueriesContext(connection) as keyed:
+        api.post(path, {"input": "a key", "idempotency_key": "counted-api"}, expect=202)
+    with CaptureQueriesContext(connection) as repeated:
+        api.post(path, {"input": "a key", "idempotency_key": "counted-api"}, expect=200)
+    plain, keyed = _statements(plain), _statements(keyed)
+    # The token, the user's permissions, the thread, the segment, three rows.
+    assert plain.count("COMMIT") == 1 and "SAVEPOINT" not in plain and len(plain) <= 9, plain
+    assert keyed.count("SAVEPOINT") == 1 and len(keyed) <= 11, keyed
+    assert "ROLLBACK" in _statements(repeated)  # the repeat's insert rolled back to the savepoint
