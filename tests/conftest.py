@@ -75,6 +75,16 @@ def outbound_allows_loopback(settings):
 
 
 @pytest.fixture(autouse=True)
+def admission_without_backpressure(settings):
+    """The suite shares one Redis db, and a test that publishes without a worker
+    leaves its messages in the turns queue: later tests would meet them as a
+    backlog (R6.7) and be refused with 429. Backpressure is off unless a test
+    sets its bounds (tests/tasks/test_backpressure.py)."""
+    settings.GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS = 0
+    settings.GOVERNANCE_ADMISSION_MAX_QUEUED = 0
+
+
+@pytest.fixture(autouse=True)
 def fresh_script_counters():
     """Scripted providers count their ``times`` rules in this process: each test
     starts from zero, whatever an earlier test (the demo, say) already used."""

@@ -99,3 +99,10 @@ def test_r6_7_healthz_reports_each_queue_depth_and_oldest_wait(
     assert set(report) == {"alerts", "turns", "tools", "callbacks", "maintenance"}
     assert report["turns"] == {"depth": 1, "oldest_age_seconds": 42.0}
     assert report["alerts"] == {"depth": 0, "oldest_age_seconds": 0.0}
+
+
+def test_r6_7_backpressure_is_on_by_default():
+    import dashboard.settings as configured  # the module, not the suite's override
+
+    assert configured.GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS == 120
+    assert configured.GOVERNANCE_ADMISSION_MAX_QUEUED == 5000
