@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,10 +45,13 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import BenchError, free_port, pct, with_db, with_user  # the same helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = str(ROOT / "manage.py")
@@ -82,37 +83,6 @@ PROVIDERS = [
 
 def log(message: str) -> None:
     print(f"[scale] {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def pct(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def with_db(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-def with_user(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Progress:

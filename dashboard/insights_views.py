@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET
 from dashboard.env import parse_duration
 from dashboard.permissions import VIEW_INSIGHTS
 from dashboard.queries import insights as q
-from dashboard.report_views import Bound, _parse_bound, csv_safe
+from dashboard.report_views import PeriodForm, csv_safe
 from dashboard.status import human_duration
 from dashboard.streaming import csv_response
 from governance import services, time_source
@@ -31,7 +31,6 @@ from governance.rules.insights import ScheduleReplay, TierRow, WhatIf, tier_labe
 from governance.rules.refusal import MAX_SCHEDULE_TIERS, RefusalError, check_schedule
 
 PER_PAGE = 50
-MAX_DAYS = 366
 DEFAULT_DAYS = 7
 
 HEADER = [
@@ -50,34 +49,7 @@ HEADER = [
 ]
 
 
-class InsightsForm(forms.Form):
-    provider = forms.ChoiceField(label="Provider", required=False)
-
-    def __init__(self, data: QueryDict, *, providers: list[str]) -> None:
-        super().__init__(data)
-        self.fields = {
-            "from": forms.CharField(label="From (UTC)", max_length=40),
-            "to": forms.CharField(label="To (UTC, inclusive)", max_length=40),
-            **self.fields,
-        }
-        self.fields["provider"].choices = [("", "All providers"), *((p, p) for p in providers)]
-
-    def clean_from(self) -> Bound:
-        return _parse_bound(self.cleaned_data["from"], end=False)
-
-    def clean_to(self) -> Bound:
-        return _parse_bound(self.cleaned_data["to"], end=True)
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        start, end = data.get("from"), data.get("to")
-        if isinstance(start, Bound) and isinstance(end, Bound):
-            if start.at >= end.at:
-                raise forms.ValidationError("“From” must be before “To”.")
-            if end.at - start.at > timedelta(days=MAX_DAYS):
-                raise forms.ValidationError(f"The range is longer than {MAX_DAYS} days: narrow it.")
-        return data
-
+class InsightsForm(PeriodForm):
     def query(self) -> q.InsightsQuery:
         data = self.cleaned_data
         return q.InsightsQuery(start=data["from"].at, end=data["to"].at, provider=data["provider"])

@@ -79,14 +79,12 @@ def _parse_bound(text: str, *, end: bool) -> Bound:
     )
 
 
-class ReportForm(forms.Form):
-    group = forms.ChoiceField(label="Group by", choices=GROUP_CHOICES)
+class PeriodForm(forms.Form):
+    """A period (from, to: UTC dates or date-times, "to" inclusive) and a
+    provider: what the delivery report and the Insights page are filtered by."""
+
     provider = forms.ChoiceField(label="Provider", required=False)
-    outcome = forms.ChoiceField(
-        label="Outcome",
-        required=False,
-        choices=[("", "All outcomes"), *((o, o) for o in q.OUTCOMES)],
-    )
+    too_long = "narrow it."  # what to do about a period over MAX_DAYS
 
     def __init__(self, data: QueryDict, *, providers: list[str]) -> None:
         super().__init__(data)
@@ -112,10 +110,25 @@ class ReportForm(forms.Form):
                 raise forms.ValidationError("“From” must be before “To”.")
             if end.at - start.at > timedelta(days=MAX_DAYS):
                 raise forms.ValidationError(
-                    f"The range is longer than {MAX_DAYS} days: narrow it, or export "
-                    "one year at a time."
+                    f"The range is longer than {MAX_DAYS} days: {self.too_long}"
                 )
         return data
+
+
+class ReportForm(PeriodForm):
+    group = forms.ChoiceField(label="Group by", choices=GROUP_CHOICES)
+    outcome = forms.ChoiceField(
+        label="Outcome",
+        required=False,
+        choices=[("", "All outcomes"), *((o, o) for o in q.OUTCOMES)],
+    )
+    too_long = "narrow it, or export one year at a time."
+
+    def __init__(self, data: QueryDict, *, providers: list[str]) -> None:
+        super().__init__(data, providers=providers)
+        # The form's order: the period, then group, provider, outcome.
+        order = ["from", "to", "group", "provider", "outcome"]
+        self.fields = {name: self.fields[name] for name in order}
 
     def query(self) -> q.ReportQuery:
         data = self.cleaned_data
