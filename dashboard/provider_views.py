@@ -212,26 +212,7 @@ def providers(request: HttpRequest) -> HttpResponse:
 def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
     """Issue 12: set a provider's prices per million tokens and their currency.
     Empty means "no price": its requests then say so instead of costing 0."""
-    if not request.user.has_perm(MANAGE_PROVIDERS):
-        raise PermissionDenied("changing a provider's prices needs the change_provider permission")
-    provider = Provider.objects.filter(provider_id=provider_id).first()
-    if provider is None:
-        raise Http404("no such provider")
-    form = PriceForm(request.POST, provider=provider)
-    if form.is_valid():
-        try:
-            update_provider(
-                provider_id,
-                by=request.user.get_username(),
-                now=time_source.now(),
-                reason=form.cleaned_data["reason"],
-                **form.changes(),
-            )
-        except ServiceError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, str(exc.message))
-        else:
-            return redirect(f"{reverse('providers')}#provider-{provider_id}")
-    return _page(request, bad=form, status=400)
+    return _change(request, provider_id, PriceForm, "prices", "bad", lambda f: f.changes())
 
 
 @require_POST
@@ -239,14 +220,21 @@ def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
 def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
     """Issue 12: a provider's own re-probe schedule (R3.2). A refusal under way keeps
     the schedule it started under; the new one applies to refusals that start later."""
+    return _change(
+        request, provider_id, ScheduleForm, "schedule", "bad_schedule",
+        lambda f: {"refusal_schedule": f.schedule()},
+    )  # fmt: skip
+
+
+def _change(request, provider_id: str, form_class, what: str, bad: str, changes) -> HttpResponse:
+    """One provider form posted: checked, written through the provider service
+    (audited), back to the providers page; a refusal shows on the form (400)."""
     if not request.user.has_perm(MANAGE_PROVIDERS):
-        raise PermissionDenied(
-            "changing a provider's schedule needs the change_provider permission"
-        )
+        raise PermissionDenied(f"changing a provider's {what} needs the change_provider permission")
     provider = Provider.objects.filter(provider_id=provider_id).first()
     if provider is None:
         raise Http404("no such provider")
-    form = ScheduleForm(request.POST, provider=provider)
+    form = form_class(request.POST, provider=provider)
     if form.is_valid():
         try:
             update_provider(
@@ -254,10 +242,10 @@ def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
                 by=request.user.get_username(),
                 now=time_source.now(),
                 reason=form.cleaned_data["reason"],
-                refusal_schedule=form.schedule(),
+                **changes(form),
             )
         except ServiceError as exc:
-            form.add_error(None, str(exc.message))
+            form.add_error(exc.field if exc.field in form.fields else None, str(exc.message))
         else:
             return redirect(f"{reverse('providers')}#provider-{provider_id}")
-    return _page(request, bad_schedule=form, status=400)
+    return _page(request, status=400, **{bad: form})
