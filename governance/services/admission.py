@@ -20,7 +20,8 @@ class Overloaded(Exception):
 
 
 def turns_queue() -> QueueState:
-    return next(q for q in queue_states() if q.name == "turns")
+    [turns] = queue_states(["turns"])
+    return turns
 
 
 def check_admission() -> None:

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
 from governance import time_source
-
-log = logging.getLogger(__name__)
 
 SENT_AT_HEADER = "governance_sent_at"
 # Model turns and the finalization wait behind each other; tool calls and
@@ -71,20 +69,22 @@ class QueueState:
     oldest_age_s: float | None
 
 
-def queue_states(now_ts: float | None = None) -> list[QueueState]:
-    """Depth and the age of the oldest message of each queue, read from Redis
-    (the file-system broker of the embedded defaults cannot tell: ``None``)."""
+def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:
+    """Depth and the age of the oldest message of each queue (all of them, or
+    ``names``), read from Redis in one round trip (the file-system broker of the
+    embedded defaults cannot tell: ``None``)."""
+    names = tuple(settings.GOVERNANCE_QUEUES if names is None else names)
     client = _redis()
     if client is None:
-        return [QueueState(name, None, None) for name in settings.GOVERNANCE_QUEUES]
-    now_ts = time_source.now().timestamp() if now_ts is None else now_ts
+        return [QueueState(name, None, None) for name in names]
+    now_ts = time_source.now().timestamp()
     with client.pipeline(transaction=False) as pipe:
-        for name in settings.GOVERNANCE_QUEUES:
+        for name in names:
             pipe.llen(name)
             pipe.lindex(name, -1)  # kombu pushes on the left and takes from the right
         answers = pipe.execute()
     states = []
-    for index, name in enumerate(settings.GOVERNANCE_QUEUES):
+    for index, name in enumerate(names):
         depth, oldest = answers[2 * index], answers[2 * index + 1]
         sent_at = _sent_at(oldest)
         age = None if sent_at is None else max(0.0, now_ts - sent_at)
