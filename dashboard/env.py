@@ -174,6 +174,10 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
             port = parts.port
         except ValueError:
             raise ImproperlyConfigured(f"DATABASE_URL has a bad port: {url!r}") from None
+        # No JIT: its compile time (tens of ms) dwarfs the short statements of a stage
+        # or a page, and the planner's estimates for JSON functions switch it on.
+        # A URL's own ``options`` come after, so they can turn it back on.
+        options["options"] = " ".join(filter(None, ("-c jit=off", options.get("options"))))
         return {
             "ENGINE": "dashboard.postgresql",
             "NAME": name,

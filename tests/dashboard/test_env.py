@@ -81,7 +81,20 @@ def test_database_url_postgres(tmp_path: Path):
     assert config["ENGINE"] == "dashboard.postgresql"
     assert (config["NAME"], config["USER"], config["PASSWORD"]) == ("gov", "app", "p@ss")
     assert (config["HOST"], config["PORT"]) == ("db.internal", "6543")
-    assert config["OPTIONS"] == {"sslmode": "require"}
+    assert config["OPTIONS"] == {"sslmode": "require", "options": "-c jit=off"}
+
+
+@pytest.mark.django_db
+def test_postgres_sessions_run_without_jit(tmp_path: Path):
+    """JIT compiles cost tens of ms per statement that a page or a stage never earns
+    back; a URL's own options still come after (and win)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off"
+    own = database_from_url("postgres://app@db/gov?options=-c%20jit%3Don", base_dir=tmp_path)
+    assert own["OPTIONS"]["options"] == "-c jit=off -c jit=on"
 
 
 def test_database_url_postgres_with_a_connection_pool(tmp_path: Path):
