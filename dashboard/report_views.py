@@ -20,10 +20,12 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from dashboard import report_html
 from dashboard.queries import costs
 from dashboard.queries import report as q
 from dashboard.streaming import csv_response
 from governance import time_source
+from governance.services import deliveries
 
 PER_PAGE = 25
 MAX_DAYS = 366
@@ -353,6 +355,8 @@ def chart_of(report: q.Report) -> dict[str, Any] | None:
     total = report.total
     return {
         "rows": rows,
+        "rows_svg": report_html.chart_rows(rows, BAR_HEIGHT),
+        "description": report_html.chart_description(rows),
         "height": len(rows) * ROW_HEIGHT,
         "bar_height": BAR_HEIGHT,
         "outcome_legend": [(o, OUTCOME_WORDS[o], total.outcomes[o]) for o in q.OUTCOMES],
@@ -393,7 +397,9 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"form": form, "quick_links": _quick_links(request, now)}
     if not form.is_valid():
         return render(request, template, context, status=400)
-    report = q.delivery_report(form.query())
+    query = form.query()
+    deliveries.judge_unjudged(start=query.start, end=query.end)
+    report = q.delivery_report(query)
     page = Paginator(report.discrepancies, PER_PAGE).get_page(request.GET.get("page"))
     params = request.GET.copy()
     params.pop("page", None)
@@ -402,7 +408,10 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
         range_words=_range_words(form),
         group_word=dict(GROUP_CHOICES)[report.query.group].lower(),
         aggregate_header=AGGREGATE_HEADER,
-        aggregate_rows=[_split(aggregate_cells(report, row)) for row in report.groups],
+        aggregate_rows_html=report_html.aggregate_rows(
+            (_split(aggregate_cells(report, row)) for row in report.groups),
+            by_outcome=report.query.group == "outcome",
+        ),
         total_row=_split(aggregate_cells(report, report.total)),
         cost=costs.summary_view(report.total.cost),
         page_obj=page,
@@ -453,6 +462,7 @@ def delivery_report_csv(request: HttpRequest) -> HttpResponse:
         return writer.writerow([csv_safe(cell) for cell in cells])
 
     def rows() -> list[str]:
+        deliveries.judge_unjudged(start=query.start, end=query.end)
         report = q.delivery_report(query)
         lines = [write(aggregate_cells(report, row)) for row in report.groups]
         if report.groups:

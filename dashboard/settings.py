@@ -291,6 +291,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("GOVERNANCE_TOOL_RELIST_SECONDS", 300, minimum=10)),
         "options": {"expires": 600},
     },
+    # Issue 12: judge the deliveries of runs settled or changed since the last pass,
+    # so the delivery report reads judgements instead of making them.
+    "judge-deliveries": {
+        "task": "tasks.jobs.judge_deliveries",
+        "schedule": float(env_int("GOVERNANCE_DELIVERY_JUDGE_SECONDS", 5, minimum=1)),
+        "options": {"expires": 30},
+    },
 }
 
 # --- Governance rules ---

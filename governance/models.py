@@ -511,10 +511,78 @@ class Settlement(models.Model):
     unknown_effects = models.JSONField(default=list)
     settled_at = models.DateTimeField()
 
+    # The run's delivery judged once (R7.4, ``governance.services.deliveries``), so the
+    # report sums columns instead of judging every run of its period on each request.
+    # ``delivery_rev`` goes up, by database trigger (migration 0015), whenever a row
+    # of the run's chunks, callback or tool receipts is written; the judgement below
+    # stands for ``judged_rev`` and is redone while the two differ. Defaults in the
+    # database too: rows written outside the ORM (a bulk load) start unjudged.
+    delivery_rev = models.PositiveIntegerField(default=1, db_default=1)
+    judged_rev = models.PositiveIntegerField(default=0, db_default=0)
+    provider_key = models.CharField(max_length=64, blank=True, default="", db_default="")
+    chunks_committed = models.PositiveIntegerField(default=0, db_default=0)
+    chunks_sent = models.PositiveIntegerField(default=0, db_default=0)
+    chunks_observed = models.PositiveIntegerField(default=0, db_default=0)
+    delivery_verdict = models.CharField(max_length=40, blank=True, default="", db_default="")
+    discrepancy_count = models.PositiveIntegerField(default=0, db_default=0)
+    # {"callback": {status, label, note}, "unknown_effects": [...],
+    #  "discrepancies": [{code, text}], "usage": [[provider pk, result, reported,
+    #  requests, billed input, output, cached], ...]}
+    delivery = models.JSONField(
+        default=dict, db_default=models.Value({}, models.JSONField()), blank=True
+    )
+    # What is already added to ``SettledUsageDay``: {"provider_key", "usage"} of the
+    # last judgement (the next adds only the difference: an attempt recorded late).
+    usage_in_rollup = models.JSONField(
+        default=dict, db_default=models.Value({}, models.JSONField()), blank=True
+    )
+
     class Meta:
         permissions = [
             ("view_delivery_report", "Can see the delivery-versus-settlement report"),
         ]
+        indexes = [
+            models.Index(fields=["settled_at"], name="settlement_settled_at"),
+            models.Index(
+                fields=["id"],
+                name="settlement_unjudged",
+                condition=models.Q(judged_rev__lt=models.F("delivery_rev")),
+            ),
+        ]
+
+
+class SettledUsageDay(models.Model):
+    """The billed tokens of settled runs' provider requests, summed per UTC day of
+    settlement, run provider and outcome (issue 12): the delivery report prices whole
+    days from here instead of every run's requests. Written only by
+    ``governance.services.deliveries`` as it judges each run; runs are never deleted."""
+
+    day = models.DateField()
+    provider_key = models.CharField(max_length=64, blank=True)  # the run's provider
+    outcome = models.CharField(max_length=16)
+    # One kind of request (``governance.rules.cost.UsageShape``): who served it, refused
+    # or not, whether usage was reported, which kinds of token it bills.
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="+")
+    refused = models.BooleanField()
+    reported = models.BooleanField()
+    bills_input = models.BooleanField()
+    bills_output = models.BooleanField()
+    bills_cached = models.BooleanField()
+    requests = models.BigIntegerField(default=0)
+    billed_input = models.BigIntegerField(default=0)
+    output = models.BigIntegerField(default=0)
+    cached = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "day", "provider_key", "outcome", "provider", "refused", "reported",
+                    "bills_input", "bills_output", "bills_cached",
+                ],
+                name="settled_usage_day_key",
+            )
+        ]  # fmt: skip
 
 
 class KnowledgeDocument(models.Model):

@@ -43,3 +43,16 @@ def clock_watchdog() -> dict[str, int]:
     from tasks.stages.watchdog import watchdog_pass
 
     return watchdog_pass()
+
+
+@shared_task(name="tasks.jobs.judge_deliveries", ignore_result=True)
+def judge_deliveries() -> int:
+    """R7.4, issue 12: the delivery of every run settled, or whose chunks, callback or
+    receipts changed, since the last pass, judged and kept on its settlement."""
+    from governance.services import deliveries
+
+    return deliveries.judge_unjudged(limit=JUDGE_LIMIT)
+
+
+# One pass stays short; a backlog (after an upgrade) drains over a few passes.
+JUDGE_LIMIT = 5000

@@ -1,63 +1,41 @@
 """Read-only queries of the delivery-versus-settlement report (R7.2–R7.4, R8.4).
 
-Counts are grouped in the database. Discrepancies are judged per run by the pure
-rules in ``governance.rules.publication`` (never re-implemented here): the facts of every
-run in the window are read in four queries (settlements, body chunks, unknown
-tool receipts, completion callback records), whatever the number of runs.
+Each settled run's delivery is judged once, by the pure rules of
+``governance.rules.publication``, and kept on its ``Settlement`` row
+(``governance.services.deliveries``, which also says what a run's provider and
+a committed, sent or observed chunk are). Here those columns are summed per
+group by the database, the cost of the runs' requests is priced from the
+billed tokens kept with them, and the discrepancies are listed a page at a
+time: the work does not grow with the runs of the period beyond one pass of
+the database over their settlement rows.
 
-Definitions shared by the database counts and the per-run facts, so both agree:
-
-- a run belongs to the window when its settlement's ``settled_at`` is inside it;
-- a run's provider is the provider of its latest accepted attempt, else of its
-  latest attempt, else none (a run may fall back across providers, R3.1);
-- a chunk is *committed* when it has a version, *sent* when committed and
-  ``sent_at`` is set, *observed* when committed and ``observed_at`` is set
-  (R7.2: sent and observed require committed).
+The report reads judgements as they stand: its views have the period's
+missing or stale ones judged first (``deliveries.judge_unjudged``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db.models import (
-    Case,
-    Count,
-    IntegerField,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-    Value,
-    When,
-)
+from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Sum, Value, When, Window
+from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Coalesce, TruncDate
 
-from dashboard.queries.costs import costs_by_run, summarize
-from governance.models import (
-    BodyChunk,
-    Provider,
-    ProviderAttempt,
-    RunCallback,
-    Settlement,
-    ToolReceipt,
-)
+from dashboard.queries.costs import prices_of, summarize
+from governance.models import Provider, SettledUsageDay, Settlement
 from governance.rules.cost import CostSummary, UsageShape
-from governance.rules.publication import (
-    CallbackStatus,
-    ChunkFacts,
-    DeliveryVerdict,
-    Discrepancy,
-    Publication,
-    PublicationError,
-    SettlementOutcome,
-    delivery_discrepancies,
-    delivery_evidence,
+from governance.rules.publication import DeliveryVerdict, Discrepancy, SettlementOutcome
+from governance.services.deliveries import (
+    FACTS_UNREADABLE,
+    NO_PROVIDER,
+    CallbackView,
 )
+from governance.services.usage import merge_shape
 
 GROUPS = ("day", "provider", "outcome")
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in SettlementOutcome)
@@ -67,11 +45,6 @@ VERDICTS: tuple[str, ...] = (
     DeliveryVerdict.NO_CLIENT_EVIDENCE.value,
     DeliveryVerdict.NOTHING_COMMITTED.value,
 )
-NO_PROVIDER = ""  # the group of runs that never reached a provider
-
-# Not a rule of governance.rules.publication: the report's own word for rows it cannot read.
-FACTS_UNREADABLE = "publication_facts_unreadable"
-
 # Short plain words per code, for the list (the rule's own text says the details).
 CODE_TITLES: dict[str, str] = {
     "completed_without_committed_body": "Completed, but no body was committed",
@@ -109,87 +82,6 @@ class ReportQuery:
     outcome: str = ""
 
 
-# --------------------------------------------------------------------------- callback
-
-
-@dataclass(frozen=True)
-class CallbackView:
-    status: CallbackStatus
-    label: str  # the word in the table and CSV
-    note: str  # what it means, on hover and in the legend
-
-
-def callback_statuses(callback_urls: Mapping[UUID, str]) -> dict[UUID, CallbackView]:
-    """R7.4: the completion callback status of each run, by run id (one query).
-
-    From the ``RunCallback`` delivery records: delivered (with the outcome the
-    receiver was told, read from the payload it got), failed (never delivered),
-    or pending while attempts are in flight or scheduled. A run without a
-    callback URL has none; a URL without a record (settled before callbacks
-    were sent) is "not sent yet". Neither pending state is a disagreement.
-    """
-    records = {
-        row["run_id"]: row
-        for row in RunCallback.objects.filter(run_id__in=list(callback_urls)).values(
-            "run_id", "state", "attempts", "payload", "status_code", "last_error",
-            "next_attempt_at", "delivered_at",
-        )
-    }  # fmt: skip
-    views = {}
-    for run_id, url in callback_urls.items():
-        record = records.get(run_id)
-        if record is not None:
-            views[run_id] = _callback_view(record)
-        elif url:
-            views[run_id] = CallbackView(
-                CallbackStatus.PENDING, "not sent yet", "a callback URL is set; nothing sent yet"
-            )
-        else:
-            views[run_id] = CallbackView(CallbackStatus.NONE, "none", "no callback configured")
-    return views
-
-
-_DELIVERED = {
-    SettlementOutcome.COMPLETED.value: CallbackStatus.DELIVERED_COMPLETED,
-    SettlementOutcome.PARTIAL.value: CallbackStatus.DELIVERED_PARTIAL,
-    SettlementOutcome.FAILED.value: CallbackStatus.DELIVERED_FAILED,
-    SettlementOutcome.CANCELLED.value: CallbackStatus.DELIVERED_CANCELLED,
-}
-
-
-def _callback_view(record: Mapping[str, Any]) -> CallbackView:
-    state, attempts = record["state"], record["attempts"]
-    told = (record["payload"] or {}).get("outcome", "")
-    if state == RunCallback.State.DELIVERED:
-        status = _DELIVERED.get(told)
-        if status is None:  # a payload outside R6.5: we cannot say what it told
-            return CallbackView(
-                CallbackStatus.DELIVERY_FAILED,
-                "delivered (unreadable)",
-                f"delivered after {attempts} attempt(s), but its outcome {told!r} is unknown",
-            )
-        return CallbackView(
-            status,
-            f"delivered: {told}",
-            f"the receiver was told {told!r} (HTTP {record['status_code']}, attempt {attempts})",
-        )
-    if state == RunCallback.State.FAILED:
-        return CallbackView(
-            CallbackStatus.DELIVERY_FAILED,
-            "failed",
-            f"never delivered after {attempts} attempt(s): {record['last_error'] or 'no detail'}",
-        )
-    if state == RunCallback.State.RETRY:
-        note = (
-            f"attempt {attempts} failed ({record['last_error'] or 'no detail'}); "
-            f"next at {record['next_attempt_at']:%Y-%m-%d %H:%M:%S} UTC"
-        )
-        return CallbackView(CallbackStatus.PENDING, "pending (retrying)", note)
-    if state == RunCallback.State.SENDING:
-        return CallbackView(CallbackStatus.PENDING, "pending (sending)", f"attempt {attempts}")
-    return CallbackView(CallbackStatus.PENDING, "pending", "queued, not attempted yet")
-
-
 # --------------------------------------------------------------------------- base query
 
 
@@ -197,24 +89,9 @@ def provider_ids() -> list[str]:
     return list(Provider.objects.order_by("provider_id").values_list("provider_id", flat=True))
 
 
-def _run_provider() -> Coalesce:
-    latest = (
-        ProviderAttempt.objects.filter(run_id=OuterRef("run_id"))
-        .order_by(
-            Case(When(result="accepted", then=Value(0)), default=Value(1)),
-            "-started_at",
-            "-id",
-        )
-        .values("provider__provider_id")[:1]
-    )
-    return Coalesce(Subquery(latest), Value(NO_PROVIDER))
-
-
 def settlements(query: ReportQuery) -> QuerySet[Settlement]:
     """The settlements in the window, narrowed by provider and outcome."""
-    rows = Settlement.objects.filter(
-        settled_at__gte=query.start, settled_at__lt=query.end
-    ).annotate(provider_key=_run_provider())
+    rows = Settlement.objects.filter(settled_at__gte=query.start, settled_at__lt=query.end)
     if query.provider:
         rows = rows.filter(provider_key=query.provider)
     if query.outcome:
@@ -226,7 +103,7 @@ def _group_expression(group: str) -> Any:
     if group == "day":
         return TruncDate("settled_at", tzinfo=UTC)
     if group == "provider":
-        return _run_provider()
+        return F("provider_key")
     if group == "outcome":
         return Case(
             *(When(outcome=o, then=Value(i)) for i, o in enumerate(OUTCOMES)),
@@ -234,15 +111,6 @@ def _group_expression(group: str) -> Any:
             output_field=IntegerField(),
         )
     raise ValueError(f"unknown grouping {group!r}")
-
-
-def group_key(group: str, *, settled_at: datetime, provider: str, outcome: str) -> Any:
-    """The same key in Python as ``_group_expression`` computes in the database."""
-    if group == "day":
-        return settled_at.astimezone(UTC).date()
-    if group == "provider":
-        return provider
-    return OUTCOMES.index(outcome) if outcome in OUTCOMES else len(OUTCOMES)
 
 
 # --------------------------------------------------------------------------- aggregate
@@ -266,22 +134,18 @@ class GroupRow:
 
 
 def grouped_counts(query: ReportQuery) -> list[GroupRow]:
-    """Runs, outcomes and chunk counts per group, counted by the database (one query)."""
-    chunk_committed = Q(run__chunks__version__isnull=False)
+    """Runs, outcomes, chunks, verdicts and discrepancies per group, summed by the
+    database from the judged settlements (one query)."""
+    zero = Value(0)
     counts = {
-        "runs": Count("id", distinct=True),
-        **{f"outcome_{o}": Count("id", distinct=True, filter=Q(outcome=o)) for o in OUTCOMES},
-        "committed": Count("run__chunks", distinct=True, filter=chunk_committed),
-        "sent": Count(
-            "run__chunks",
-            distinct=True,
-            filter=chunk_committed & Q(run__chunks__sent_at__isnull=False),
-        ),
-        "observed": Count(
-            "run__chunks",
-            distinct=True,
-            filter=chunk_committed & Q(run__chunks__observed_at__isnull=False),
-        ),
+        "runs": Count("id"),
+        **{f"outcome_{o}": Count("id", filter=Q(outcome=o)) for o in OUTCOMES},
+        "committed": Coalesce(Sum("chunks_committed"), zero),
+        "sent": Coalesce(Sum("chunks_sent"), zero),
+        "observed": Coalesce(Sum("chunks_observed"), zero),
+        **{f"verdict_{v}": Count("id", filter=Q(delivery_verdict=v)) for v in VERDICTS},
+        "flagged": Count("id", filter=Q(discrepancy_count__gt=0)),
+        "found": Coalesce(Sum("discrepancy_count"), zero),
     }
     rows = (
         settlements(query)
@@ -297,9 +161,86 @@ def grouped_counts(query: ReportQuery) -> list[GroupRow]:
             committed=row["committed"],
             sent=row["sent"],
             observed=row["observed"],
+            evidence={v: row[f"verdict_{v}"] for v in VERDICTS},
+            with_discrepancies=row["flagged"],
+            discrepancies=row["found"],
         )
         for row in rows
     ]
+
+
+CostItems = dict[Any, list[tuple[int, str, UsageShape]]]
+
+
+def _whole_days(query: ReportQuery) -> tuple[date, date] | None:
+    """The UTC days wholly inside ``[start, end)``, as [first, last], or None."""
+    first = query.start.astimezone(UTC)
+    first_day = first.date() if first.time() == time.min else first.date() + timedelta(days=1)
+    last_day = query.end.astimezone(UTC).date() - timedelta(days=1)  # its end ≤ end
+    return (first_day, last_day) if first_day <= last_day else None
+
+
+def _usage_key(group: str) -> Any:
+    if group == "day":
+        return F("day")
+    if group == "provider":
+        return F("provider_key")
+    return _group_expression(group)
+
+
+def grouped_usage(query: ReportQuery) -> CostItems:
+    """The billed tokens of the window's runs per group, as (provider pk, result,
+    shape): whole UTC days from ``SettledUsageDay`` (one query, however many runs),
+    the part-days at either end from the usage kept with each judged run."""
+    found: dict[Any, dict[tuple, UsageShape]] = defaultdict(dict)
+
+    def add(key: Any, provider: int, refused: bool, shape: UsageShape) -> None:
+        result = "refused" if refused else "other"
+        merge_shape(found[key], (provider, result, shape.kinds, shape.reported), shape)
+
+    days = _whole_days(query)
+    edges = Q(settled_at__gte=query.start, settled_at__lt=query.end)
+    if days is not None:
+        first, last = days
+        edges &= ~Q(settled_at__gte=_midnight(first), settled_at__lt=_midnight(last + timedelta(1)))
+        whole = SettledUsageDay.objects.filter(day__gte=first, day__lte=last)
+        if query.provider:
+            whole = whole.filter(provider_key=query.provider)
+        if query.outcome:
+            whole = whole.filter(outcome=query.outcome)
+        rows = (
+            whole.values_list(
+                _usage_key(query.group),
+                "provider_id",
+                "refused",
+                "reported",
+                # The kinds apart: a price missing for one kind leaves only those unknown.
+                "bills_input",
+                "bills_output",
+                "bills_cached",
+            )
+            .annotate(n=Sum("requests"), b=Sum("billed_input"), o=Sum("output"), c=Sum("cached"))
+            .order_by()
+        )
+        for key, provider, refused, reported, _i, _o, _c, n, b, o, c in rows:
+            if n:  # a line emptied by a later judgement's difference
+                add(key, provider, refused, UsageShape(n, reported, b, o, c))
+    part = (
+        settlements(query)
+        .filter(edges)
+        .annotate(group_key=_group_expression(query.group), usage=KeyTransform("usage", "delivery"))
+        .values_list("group_key", "usage")
+    )
+    for key, usage in part.iterator(chunk_size=2000):
+        for provider, result, reported, n, b, o, c in usage or ():
+            add(key, provider, result == "refused", UsageShape(n, reported, b, o, c))
+    return {
+        key: [(k[0], k[1], shape) for k, shape in shapes.items()] for key, shapes in found.items()
+    }
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------- per run
@@ -322,135 +263,41 @@ class RunDelivery:
     discrepancies: tuple[Discrepancy, ...]
 
 
-ChunkRow = tuple[int, int | None, bool, datetime | None, datetime | None]
+_RUN_FIELDS = (
+    "run_id", "settled_at", "outcome", "provider_key", "chunks_committed", "chunks_sent",
+    "chunks_observed", "delivery_verdict", "delivery",
+)  # fmt: skip
 
 
-def publication_of(rows: Iterable[ChunkRow]) -> Publication:
-    """R7.2: the Publication value of one run from its BodyChunk rows, in chunk order.
-
-    A row exists once its candidate was generated; committed = it has a version;
-    sent = ``sent_at``; observed = ``observed_at``; ``final`` marks the last chunk.
-    An ``observed_at`` on a chunk that is not committed is a client claim that
-    cannot be true: it is kept as ``impossible_ack_through`` (not believed).
-    Raises PublicationError when the rows break the ordering rules.
-    """
-    chunks = []
-    final = None
-    ack_through = impossible = 0
-    for chunk_no, version, is_final, sent_at, observed_at in rows:
-        committed = version is not None
-        chunks.append(
-            ChunkFacts(
-                chunk_id=chunk_no,
-                committed_version=version,
-                sent=committed and sent_at is not None,
-                observed=committed and observed_at is not None,
-            )
-        )
-        if observed_at is not None:
-            ack_through = max(ack_through, chunk_no)
-            if not committed:
-                impossible = max(impossible, chunk_no)
-        if is_final:
-            final = chunk_no if final is None else max(final, chunk_no)
-    return Publication(
-        chunks=tuple(chunks),
-        final_chunk_id=final,
-        client_ack_through=ack_through,
-        impossible_ack_through=impossible,
+def _run_delivery(row: tuple) -> RunDelivery:
+    run_id, settled_at, outcome, provider, committed, sent, observed, verdict, kept = row
+    kept = kept or {}
+    return RunDelivery(
+        run_id=run_id,
+        settled_at=settled_at,
+        outcome=outcome,
+        provider=provider,
+        committed=committed,
+        sent=sent,
+        observed=observed,
+        callback=CallbackView.from_json(kept.get("callback")),
+        verdict=verdict,
+        unknown_effects=tuple(kept.get("unknown_effects", ())),
+        discrepancies=tuple(
+            Discrepancy(found["code"], found["text"]) for found in kept.get("discrepancies", ())
+        ),
     )
 
 
-def judge_run(
-    *,
-    outcome: str,
-    chunk_rows: list[ChunkRow],
-    callback: CallbackView,
-    unknown_effects: tuple[str, ...],
-) -> tuple[str, tuple[Discrepancy, ...]]:
-    """The delivery verdict and discrepancies of one settled run, by the R7.3/R7.4 rules."""
-    try:
-        publication = publication_of(chunk_rows)
-    except PublicationError as exc:
-        return "", (
-            Discrepancy(
-                FACTS_UNREADABLE,
-                f"the body chunk records break the publication rules ({exc}); "
-                "the report cannot judge this run's delivery",
-            ),
-        )
-    try:
-        settled = SettlementOutcome(outcome)
-    except ValueError:
-        settled = None  # an outcome outside R6.5: judged like an unsettled run
-    found = delivery_discrepancies(
-        settlement=settled,
-        publication=publication,
-        callback=callback.status,
-        unknown_effects=unknown_effects,
-    )
-    return delivery_evidence(publication).verdict.value, found
+def _newest_first(rows: QuerySet[Settlement]) -> QuerySet[Settlement]:
+    return rows.order_by("-settled_at", "-run_id")
 
 
 def run_deliveries(query: ReportQuery) -> Iterator[RunDelivery]:
-    """Every settled run of the window, newest first. Four queries in all."""
-    base = settlements(query)
-    run_ids = base.values("run_id")
-    chunks: dict[UUID, list[ChunkRow]] = defaultdict(list)
-    for run_id, *row in (
-        BodyChunk.objects.filter(run_id__in=run_ids)
-        .order_by("run_id", "chunk_no")
-        .values_list("run_id", "chunk_no", "version", "final", "sent_at", "observed_at")
-        .iterator(chunk_size=5000)
-    ):
-        chunks[run_id].append(tuple(row))
-    unknown: dict[UUID, list[str]] = defaultdict(list)
-    for run_id, key in (
-        ToolReceipt.objects.filter(run_id__in=run_ids, effect=ToolReceipt.Effect.UNKNOWN)
-        .order_by("run_id", "id")
-        .values_list("run_id", "idempotency_key")
-        .iterator(chunk_size=5000)
-    ):
-        unknown[run_id].append(key)
-    rows = list(
-        base.order_by("-settled_at", "run_id").values_list(
-            "run_id",
-            "settled_at",
-            "outcome",
-            "provider_key",
-            "unknown_effects",
-            "run__callback_url",
-        )
-    )
-    callbacks = callback_statuses({row[0]: row[5] for row in rows})
-    for run_id, settled_at, outcome, provider, listed, _url in rows:
-        effects = tuple(
-            dict.fromkeys([*unknown.get(run_id, ()), *(str(e) for e in (listed or ()))])
-        )
-        run_chunks = chunks.get(run_id, [])
-        verdict, found = judge_run(
-            outcome=outcome,
-            chunk_rows=run_chunks,
-            callback=callbacks[run_id],
-            unknown_effects=effects,
-        )
-        committed = [c for c in run_chunks if c[1] is not None]
-        yield RunDelivery(
-            run_id=run_id,
-            settled_at=settled_at,
-            outcome=outcome,
-            provider=provider,
-            committed=len(committed),
-            sent=sum(1 for c in committed if c[3] is not None),
-            observed=sum(1 for c in committed if c[4] is not None),
-            callback=callbacks[run_id],
-            verdict=verdict,
-            unknown_effects=effects,
-            discrepancies=found,
-        )
-
-
-# --------------------------------------------------------------------------- the report
+    """Every settled run of the window as judged, newest first (one query, streamed)."""
+    rows = _newest_first(settlements(query)).values_list(*_RUN_FIELDS)
+    for row in rows.iterator(chunk_size=2000):
+        yield _run_delivery(row)
 
 
 @dataclass(frozen=True)
@@ -461,48 +308,92 @@ class DiscrepancyRow:
     text: str
 
 
+def _rows_of(run: RunDelivery) -> list[DiscrepancyRow]:
+    return [
+        DiscrepancyRow(run, d.code, CODE_TITLES.get(d.code, ""), d.text) for d in run.discrepancies
+    ]
+
+
+class DiscrepancyList(Sequence[DiscrepancyRow]):
+    """The window's discrepancies, newest run first, read a slice at a time: a page
+    reads only the runs it shows (a running sum of the runs' discrepancy counts says
+    which), so page 200 costs what page 1 does. ``count`` is known from the aggregate."""
+
+    def __init__(self, query: ReportQuery, count: int) -> None:
+        self.query = query
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _flagged(self) -> QuerySet[Settlement]:
+        return settlements(self.query).filter(discrepancy_count__gt=0)
+
+    def __iter__(self) -> Iterator[DiscrepancyRow]:
+        rows = _newest_first(self._flagged()).values_list(*_RUN_FIELDS)
+        for row in rows.iterator(chunk_size=2000):
+            yield from _rows_of(_run_delivery(row))
+
+    def __getitem__(self, index: Any) -> Any:
+        if not isinstance(index, slice):
+            if index < 0:
+                return list(self)[index]
+            found = self[index : index + 1]
+            if not found:
+                raise IndexError(index)
+            return found[0]
+        start, stop, step = index.indices(self.count)
+        if step != 1:
+            return list(self)[index]
+        if start >= stop:
+            return []
+        upto = Window(
+            Sum("discrepancy_count"), order_by=[F("settled_at").desc(), F("run_id").desc()]
+        )
+        rows = (
+            self._flagged()
+            .annotate(upto=upto)
+            .annotate(before=F("upto") - F("discrepancy_count"))
+            .filter(upto__gt=start, before__lt=stop)
+            .order_by("-settled_at", "-run_id")
+            .values_list(*_RUN_FIELDS, "before")
+        )
+        found: list[DiscrepancyRow] = []
+        for *row, before in rows:
+            for offset, item in enumerate(_rows_of(_run_delivery(tuple(row)))):
+                if start <= before + offset < stop:
+                    found.append(item)
+        return found
+
+
+# --------------------------------------------------------------------------- the report
+
+
 @dataclass
 class Report:
     query: ReportQuery
     groups: list[GroupRow]
     total: GroupRow
-    discrepancies: list[DiscrepancyRow]
+    discrepancies: DiscrepancyList
     runs: int = 0
     runs_with_discrepancies: int = 0
 
 
 def delivery_report(query: ReportQuery) -> Report:
-    """R7.4: the aggregate per group (database) merged with the per-run judgement (rules),
-    and the cost of each group's provider requests (one more query)."""
+    """R7.4: the aggregate per group and the cost of each group's provider requests
+    (two queries); the discrepancies listed lazily (``DiscrepancyList``)."""
     groups = {row.key: row for row in grouped_counts(query)}
-    run_costs, prices = costs_by_run(settlements(query).values("run_id"))
-    cost_items: dict[Any, list[tuple[int, str, UsageShape]]] = defaultdict(list)
-    listed: list[DiscrepancyRow] = []
-    runs = flagged = 0
-    for run in run_deliveries(query):
-        runs += 1
-        key = group_key(
-            query.group, settled_at=run.settled_at, provider=run.provider, outcome=run.outcome
+    items = grouped_usage(query)
+    prices = {
+        provider.pk: prices_of(provider)
+        for provider in Provider.objects.filter(
+            pk__in={provider for found in items.values() for provider, _, _ in found}
         )
-        # Same filters, separate statements: a run settled in between lands here only.
-        row = groups.setdefault(key, GroupRow(key=key, outcomes=dict.fromkeys(OUTCOMES, 0)))
-        cost_items[key].extend(run_costs.get(run.run_id, ()))
-        if run.verdict:
-            row.evidence[run.verdict] += 1
-        if run.discrepancies:
-            flagged += 1
-            row.with_discrepancies += 1
-            row.discrepancies += len(run.discrepancies)
-        for found in run.discrepancies:
-            listed.append(
-                DiscrepancyRow(run, found.code, CODE_TITLES.get(found.code, ""), found.text)
-            )
-    for key, row in groups.items():
-        row.cost = summarize(cost_items.get(key, ()), prices)
+    }
     ordered = [groups[key] for key in sorted(groups, key=_sortable)]
     total = GroupRow(key=None, outcomes=dict.fromkeys(OUTCOMES, 0))
-    total.cost = summarize((i for items in cost_items.values() for i in items), prices)
     for row in ordered:
+        row.cost = summarize(items.get(row.key, ()), prices)
         total.runs += row.runs
         total.committed += row.committed
         total.sent += row.sent
@@ -513,7 +404,15 @@ def delivery_report(query: ReportQuery) -> Report:
             total.outcomes[o] += row.outcomes.get(o, 0)
         for v in VERDICTS:
             total.evidence[v] += row.evidence[v]
-    return Report(query, ordered, total, listed, runs=runs, runs_with_discrepancies=flagged)
+    total.cost = summarize((item for found in items.values() for item in found), prices)
+    return Report(
+        query,
+        ordered,
+        total,
+        DiscrepancyList(query, total.discrepancies),
+        runs=total.runs,
+        runs_with_discrepancies=total.with_discrepancies,
+    )
 
 
 def _sortable(key: Any) -> tuple[int, Any]:

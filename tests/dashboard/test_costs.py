@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from dashboard.api import token_digest
 from governance import services, time_source
-from governance.models import ApiToken, Provider, ProviderAttempt
+from governance.models import ApiToken, Provider, ProviderAttempt, Settlement
 from governance.services.errors import ServiceError
 from governance.services.providers import create_provider, update_provider
 from tests.conftest import streamed_body
@@ -356,10 +356,27 @@ def test_the_summed_cost_equals_the_sum_of_each_requests_cost(monkeypatch, vendo
             kind="original", request_digest=f"r{n}", started_at=NOW, result=result, usage=usage,
         )  # fmt: skip
         expected.append((result, attempt_cost(usage, cost_queries.prices_of(provider))))
-    monkeypatch.setattr(cost_queries.connection, "vendor", vendor)
+    from governance.services import usage
+
+    monkeypatch.setattr(usage.connection, "vendor", vendor)
     assert cost_queries.cost_summary(ProviderAttempt.objects.all()) == summarize_costs(expected)
     by_run, prices = cost_queries.costs_by_run([run.id])
     assert cost_queries.summarize(by_run[run.id], prices) == summarize_costs(expected)
+
+    # The report: the billed tokens kept with the judged run, summed again, alike.
+    from dashboard.queries.report import ReportQuery, delivery_report
+    from governance.services.deliveries import judge_unjudged
+
+    monkeypatch.undo()
+    Settlement.objects.create(
+        run=run, outcome="completed", reason_code="answered", reason="", settled_at=NOW
+    )
+    assert judge_unjudged() == 1
+    hour, day = timedelta(hours=1), timedelta(days=1)
+    midnight = NOW.replace(hour=0, minute=0, second=0, microsecond=0)
+    for start, end in ((NOW - hour, NOW + hour), (midnight, midnight + day)):  # part, whole day
+        report = delivery_report(ReportQuery(start=start, end=end))
+        assert report.total.cost == summarize_costs(expected) == report.groups[0].cost
 
 
 def test_the_generated_usage_columns_read_the_rules_own_keys():

@@ -142,8 +142,11 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     # chunks acknowledged; callbacks delivered, delivered after a retry, failed,
     # and one still retrying — the report shows a mix, not every run flagged.
     from dashboard.queries.report import ReportQuery, delivery_report
+    from governance.services.deliveries import judge_unjudged
 
-    report = delivery_report(ReportQuery(start=first, end=finished + timedelta(minutes=1)))
+    query = ReportQuery(start=first, end=finished + timedelta(minutes=1))
+    judge_unjudged(start=query.start, end=query.end)
+    report = delivery_report(query)
     evidence = report.total.evidence
     assert evidence["client_received_all_committed"] >= 3
     assert evidence["client_received_part"] >= 2
