@@ -213,6 +213,15 @@ class Segment(models.Model):
                 fields=["thread"], condition=Q(closed_at__isnull=True), name="one_open_segment"
             ),
         ]
+        indexes = [
+            # The segments page, newest first: open ones (its default), and all or closed.
+            models.Index(
+                fields=["-opened_at", "-id"],
+                name="segment_open_newest",
+                condition=Q(closed_at__isnull=True),
+            ),
+            models.Index(fields=["-opened_at", "-id"], name="segment_newest"),
+        ]
 
     def __str__(self) -> str:
         return self.key
@@ -311,6 +320,14 @@ class Stage(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="stage_seq")]
+        indexes = [
+            # The overview's clocks: the stages finished in the last hour, newest first.
+            models.Index(
+                fields=["-finished_at"],
+                name="stage_finished",
+                condition=Q(finished_at__isnull=False),
+            ),
+        ]
 
 
 class ProviderAttempt(models.Model):
@@ -346,6 +363,10 @@ class ProviderAttempt(models.Model):
         indexes = [
             models.Index(fields=["started_at"], name="attempt_started"),
             models.Index(fields=["segment", "provider", "started_at"], name="attempt_seg_provider"),
+            # A segment's requests in time order (its page's timeline, a page at a time).
+            # On PostgreSQL it also carries what the cost summary reads (migration 0014),
+            # so a long segment's cost is summed from the index alone.
+            models.Index(fields=["segment", "started_at", "id"], name="attempt_segment_time"),
             # The Insights query's first step: refusal-related sends of a period.
             models.Index(
                 fields=["started_at"],
