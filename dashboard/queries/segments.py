@@ -23,6 +23,7 @@ from governance.models import (
     Notification,
     Provider,
     ProviderAttempt,
+    Run,
     RunEvent,
     Segment,
     SegmentRefusal,
@@ -411,21 +412,34 @@ def card_view(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The columns the timeline shows (``templates/segments/detail.html``): not the large
+# JSON of every request and stage, nor each request's whole provider and stage rows.
+_ATTEMPT_SHOWN = (
+    "id", "run", "stage", "provider", "model", "kind", "started_at", "latency_ms", "result",
+    "failure_class", "refusal_category", "status_code", "provider__provider_id", "stage__seq",
+)  # fmt: skip
+_STAGE_SHOWN = ("id", "run", "seq", "kind", "enqueued_at", "finished_at", "outcome", "timeout_name")
+
+
 def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
+    # A stage has no segment of its own: it is found through its run. The segment's run
+    # ids are read first (one short query) so each stage source is an index lookup by
+    # run; joined instead, PostgreSQL hashes every stage of every run (issue 12: 25 ms
+    # a query at 50,000 stages, ``bench/scale.py``).
+    run_ids = list(Run.objects.filter(segment=segment).order_by().values_list("id", flat=True))
+    stages = Stage.objects.filter(run_id__in=run_ids).only(*_STAGE_SHOWN)
     return [
         (
             "attempt",
-            ProviderAttempt.objects.filter(segment=segment).select_related("provider", "stage"),
+            ProviderAttempt.objects.filter(segment=segment)
+            .select_related("provider", "stage")
+            .only(*_ATTEMPT_SHOWN),
             "started_at",
         ),
         ("event", RunEvent.objects.filter(segment=segment, kind="llm-fallback"), "at"),
         # A stage's two moments come from its own row (queued, then finished).
-        ("stage-queued", Stage.objects.filter(run__segment=segment), "enqueued_at"),
-        (
-            "stage-finished",
-            Stage.objects.filter(run__segment=segment, finished_at__isnull=False),
-            "finished_at",
-        ),
+        ("stage-queued", stages, "enqueued_at"),
+        ("stage-finished", stages.filter(finished_at__isnull=False), "finished_at"),
         (
             "notification",
             Notification.objects.filter(segment=segment).select_related("acked_by"),
@@ -456,26 +470,43 @@ def segment_timeline(segment: Segment, *, before: datetime | None, limit: int = 
     merged newest ``limit`` decide the oldest instant shown, and every row of
     that instant is included, so the next page ("strictly before") neither
     repeats nor loses a row written in the same instant.
+
+    A source whose page reached below that instant (or held all its rows) already
+    holds every row of the instant and says whether older rows exist; only a source
+    whose whole page lies at or above it is asked again (rare: more than ``limit``
+    rows of one source in the instants shown).
     """
     fetched: dict[tuple[str, int], TimelineItem] = {}
     sources = _sources(segment)
+    pages: dict[str, list[TimelineItem]] = {}
     for source, qs, time_field in sources:
         if before is not None:
             qs = qs.filter(**{f"{time_field}__lt": before})
-        for row in qs.order_by(f"-{time_field}", "-id")[: limit + 1]:
-            fetched[(source, row.id)] = _item(source, row, time_field)
+        page = [
+            _item(source, row, time_field)
+            for row in qs.order_by(f"-{time_field}", "-id")[: limit + 1]
+        ]
+        pages[source] = page
+        for item in page:
+            fetched[(source, item.id)] = item
     merged = sorted(fetched.values(), key=lambda item: item.sort_key, reverse=True)
     older = None
     if len(merged) > limit:
         oldest = merged[limit - 1].at
         items = [item for item in merged if item.at > oldest]
+        more = False
         for source, qs, time_field in sources:
-            for row in qs.filter(**{time_field: oldest}):
-                items.append(_item(source, row, time_field))
+            page = pages[source]
+            complete = len(page) <= limit or page[-1].at < oldest
+            if complete:
+                items += [item for item in page if item.at == oldest]
+                more = more or any(item.at < oldest for item in page)
+            else:
+                items += [
+                    _item(source, row, time_field) for row in qs.filter(**{time_field: oldest})
+                ]
+                more = more or qs.filter(**{f"{time_field}__lt": oldest}).exists()
         items.sort(key=lambda item: item.sort_key, reverse=True)
-        more = any(
-            qs.filter(**{f"{time_field}__lt": oldest}).exists() for _, qs, time_field in sources
-        )
         older = oldest if more else None
     else:
         items = merged
