@@ -17,6 +17,7 @@ from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Su
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django.utils.html import format_html
 
 from governance import services
 from governance.models import (
@@ -282,6 +283,20 @@ class Moment:
     at: datetime
     offset: str
 
+    def __html__(self) -> str:
+        # Written here rather than by two ``date`` filters in a template included per
+        # row: the run page's hundred attempts spent half its rendering on those
+        # (issue 12, bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
+        at = self.at.astimezone(UTC) if self.at.tzinfo is not None else self.at
+        return format_html(
+            '<time datetime="{}" title="{} UTC">{}</time>',
+            at.isoformat(),
+            at.strftime("%Y-%m-%d %H:%M:%S"),
+            self.offset,
+        )
+
+    __str__ = __html__  # a template prints str(value), then escapes what is not safe
+
 
 def moment(at: datetime | None, origin: datetime) -> Moment | None:
     if at is None:
@@ -357,11 +372,18 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     )
     settlement = _settlement_of(run)
     stages = list(run.stages.order_by("seq"))
+    # Each attempt's stage is one of ``stages`` and its provider one of a few: shared
+    # instances, not one joined copy per attempt (issue 12: at 100 attempts the joined
+    # rows cost more than every other query of the page together, bench/scale.py).
     attempts = list(
         ProviderAttempt.objects.filter(run=run)
-        .select_related("provider", "stage")
+        .prefetch_related("provider")
         .order_by("started_at", "id")
     )
+    stage_of = {stage.id: stage for stage in stages}
+    for attempt in attempts:
+        if attempt.stage_id in stage_of:
+            attempt.stage = stage_of[attempt.stage_id]
     receipts = list(ToolReceipt.objects.filter(run=run).select_related("stage").order_by("id"))
     chunks = list(BodyChunk.objects.filter(run=run).order_by("chunk_no"))
     spans = list(SpanRecord.objects.filter(run_id=run.id).order_by("start", "id")[:SPANS_PER_RUN])

@@ -14,6 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from dashboard.queries import runs as run_queries
 from governance import services, time_source
 from governance.models import (
     BodyChunk,
@@ -742,3 +743,21 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
     # Each queue bar ends where its stage's execution bar begins.
     assert "left: 30.0%; width: 30.0%" in body  # stage 1 execution 30 s → 60 s
     assert "left: 65.0%; width: 15.0%" in body  # stage 2 execution 65 s → 80 s
+
+
+def test_run_page_times_and_stages_of_many_attempts(client, oncall, thread):
+    """Issue 12 (bench/scale.py): each attempt's time is written without a template per
+    row — the same <time> element, UTC hover title and offset from the run's start —
+    and its stage is one of the run's stages, not one joined copy per attempt."""
+    run = make_run(thread, stages=3, attempts=("alpha", "beta"))
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    for n in range(3):
+        at = T0 + timedelta(seconds=n, milliseconds=300)
+        offset = "+300 ms" if n == 0 else f"+{n}.3 s"
+        cell = f'<td><time datetime="{at.isoformat()}" title="{at:%Y-%m-%d %H:%M:%S} UTC">'
+        assert body.count(f"{cell}{offset}</time></td>") == 2, offset
+    page = run_queries.run_page(run.id, T0 + timedelta(minutes=1))
+    stages = {id(row.stage) for row in page.stages}
+    assert len(page.attempts) == 6 and all(id(a.stage) in stages for a in page.attempts)
+    assert [a.stage.seq for a in page.attempts] == [1, 1, 2, 2, 3, 3]
