@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
+from typing import NamedTuple
 
 Z_95 = 1.959963984540054  # the two-sided 95 % normal quantile
 
@@ -49,9 +50,12 @@ class InsightError(ValueError):
     """Bad input to an insight rule."""
 
 
-@dataclass(frozen=True)
-class SendFact:
-    """One recorded provider request (a ``ProviderAttempt``)."""
+class SendFact(NamedTuple):
+    """One recorded provider request (a ``ProviderAttempt``).
+
+    Named tuples, this and ``TieredSend``: a period holds thousands of them and a
+    frozen dataclass costs several times as much to make (issue 12, bench/scale.py:
+    a third of ``tier_sends`` at 2,000 sends)."""
 
     attempt_id: int
     segment_id: int
@@ -82,8 +86,7 @@ class CarriedRefusal:
     category: str = ""
 
 
-@dataclass(frozen=True)
-class TieredSend:
+class TieredSend(NamedTuple):
     tier: str
     step: int  # the re-probe number; 0 for the other tiers
     boundary_kind: str  # after_boundary only

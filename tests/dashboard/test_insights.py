@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from dashboard.api import token_digest
 from governance import services, time_source
-from governance.models import ApiToken, Provider, SegmentRefusal
+from governance.models import ApiToken, Provider, SegmentRefusal, Thread
 from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 from governance.services.refusals import record_turn, segment_refusals
 from tests.conftest import streamed_body
@@ -368,3 +368,21 @@ def test_r3_2_without_a_proposal_the_what_if_form_shows_the_schedule_in_force(
     body = page.content.decode()
     assert 'value="15m, 1h, 6h"' in body and 'value="3"' in body
     assert 'id="what-if-table"' not in body
+
+
+def test_r3_8_a_first_send_after_a_boundary_counts_in_the_period_it_falls_in(
+    timeline, client, operator
+):
+    """C's first send after the fresh start (C0 + 480 min) is the after-boundary tier of a
+    period that holds it; a period that starts after it holds only the segment's later
+    accepted send, which is no tier (the boundary's carried state is not re-read)."""
+    assert turn(Thread.objects.get(title="C"), C0 + 500 * MIN, ["accepted"]) == ["original"]
+    get = api_client(client, operator)
+
+    def totals(since, until):
+        fmt = "%Y-%m-%dT%H:%M:%SZ"
+        url = f"/api/v1/insights/reprobes?since={since.strftime(fmt)}&until={until.strftime(fmt)}"
+        return [(r["label"], r["sends"], r["accepted"]) for r in get(url).json()["totals"]]
+
+    assert totals(C0 + 479 * MIN, C0 + 510 * MIN) == [("first send after fresh start", 1, 1)]
+    assert totals(C0 + 481 * MIN, C0 + 510 * MIN) == []
