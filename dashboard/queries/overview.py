@@ -41,11 +41,17 @@ class TroubledSegment:
 def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegment], int]:
     """Open segments with a frozen or cooling provider, frozen first."""
     delays = services.reprobe_delays()
+    # The card shows a segment's key and link only: its other columns (tool schemas,
+    # system prompt, the thread) are not read for every troubled row.
     rows = (
         SegmentRefusal.objects.filter(segment__closed_at__isnull=True)
-        .select_related("segment", "segment__thread")
+        .select_related("segment")
+        .only(
+            "segment", "provider_id", "model", "category", "refusals", "refused_at",
+            "delays_s", "segment__id", "segment__key", "segment__opened_at",
+        )
         .order_by("segment_id", "provider_id")
-    )
+    )  # fmt: skip
     by_segment: dict[int, TroubledSegment] = {}
     grouped: dict[int, list[dict]] = defaultdict(list)
     segments: dict[int, Segment] = {}
@@ -76,8 +82,11 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
 
 def runs_by_state(now: datetime) -> dict[str, list[tuple[str, int]]]:
     """Runs not yet settled by status, and settled in the last 24 h by outcome."""
+    shown = ("queued", "running", "finalizing", "verifying")
+    # The statuses shown, by name (every status but settled): the (status, created_at)
+    # index answers it, where "not settled" read every run (issue 12, bench/scale.py).
     active = dict(
-        Run.objects.exclude(status=Run.Status.SETTLED)
+        Run.objects.filter(status__in=shown)
         .values_list("status")
         .annotate(n=Count("id"))
         .values_list("status", "n")
@@ -91,7 +100,7 @@ def runs_by_state(now: datetime) -> dict[str, list[tuple[str, int]]]:
         .values_list("settlement__outcome", "n")
     )
     return {
-        "active": [(s, active.get(s, 0)) for s in ("queued", "running", "finalizing", "verifying")],
+        "active": [(s, active.get(s, 0)) for s in shown],
         "settled": [
             (o, settled.get(o, 0)) for o in ("completed", "partial", "failed", "cancelled")
         ],

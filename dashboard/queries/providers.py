@@ -159,9 +159,16 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
 
     by_id = {row.provider_id: row for row in rows}
     delays = services.reprobe_delays()
-    refusals = SegmentRefusal.objects.filter(
-        provider_id__in=by_id, segment__closed_at__isnull=True
-    ).select_related("segment", "segment__thread")
+    # Only what a row shows (the segment's key, the thread's title): not every column of
+    # each open segment and thread with a refusal row.
+    refusals = (
+        SegmentRefusal.objects.filter(provider_id__in=by_id, segment__closed_at__isnull=True)
+        .select_related("segment", "segment__thread")
+        .only(
+            "segment", "provider_id", "model", "category", "refusals", "refused_at",
+            "delays_s", "segment__key", "segment__thread__title",
+        )
+    )  # fmt: skip
     found: dict[str, list[FrozenSegment]] = defaultdict(list)
     for refusal in refusals:
         verdict = refusal_verdict(services.refusal_of(refusal), now, delays)
