@@ -563,12 +563,42 @@ class Settlement(models.Model):
             ("view_delivery_report", "Can see the delivery-versus-settlement report"),
         ]
         indexes = [
-            models.Index(fields=["settled_at"], name="settlement_settled_at"),
+            # The report window, newest first (its discrepancy list reads this order).
+            models.Index(fields=["settled_at", "run_id"], name="settlement_settled_at"),
             models.Index(
                 fields=["id"],
                 name="settlement_unjudged",
                 condition=models.Q(judged_rev__lt=models.F("delivery_rev")),
             ),
+        ]
+
+
+class SettledDay(models.Model):
+    """The delivery report's counts per UTC day of settlement, run provider and outcome
+    (issue 12): runs, chunks, client evidence, discrepancies — the judged settlement
+    columns summed, so a month is read in a few hundred rows. Written only by
+    ``governance.services.deliveries``: each judgement adds its difference."""
+
+    day = models.DateField()
+    provider_key = models.CharField(max_length=64, blank=True)
+    outcome = models.CharField(max_length=16)
+    runs = models.BigIntegerField(default=0)
+    committed = models.BigIntegerField(default=0)
+    sent = models.BigIntegerField(default=0)
+    observed = models.BigIntegerField(default=0)
+    # Runs per delivery verdict (governance.rules.publication.DeliveryVerdict).
+    all_acknowledged = models.BigIntegerField(default=0)
+    part_acknowledged = models.BigIntegerField(default=0)
+    no_evidence = models.BigIntegerField(default=0)
+    nothing_committed = models.BigIntegerField(default=0)
+    flagged = models.BigIntegerField(default=0)  # runs with discrepancies
+    discrepancies = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "provider_key", "outcome"], name="settled_day_key"
+            )
         ]
 
 

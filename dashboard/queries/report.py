@@ -22,13 +22,13 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Sum, Value, When, Window
+from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Sum, Value, When
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Coalesce, TruncDate
 
 from dashboard.queries.costs import prices_of, summarize
-from governance.models import Provider, SettledUsageDay, Settlement
-from governance.rules.cost import CostSummary, UsageShape
+from governance.models import Provider, SettledDay, SettledUsageDay, Settlement
+from governance.rules.cost import CostSummary, UsageShape, summarize_shapes
 from governance.rules.publication import DeliveryVerdict, Discrepancy, SettlementOutcome
 from governance.services.deliveries import (
     FACTS_UNREADABLE,
@@ -133,40 +133,74 @@ class GroupRow:
     cost: CostSummary = field(default_factory=CostSummary)
 
 
+_DAY_COLUMNS = ("runs", "committed", "sent", "observed")
+_DAY_VERDICTS = dict(
+    zip(VERDICTS, ("all_acknowledged", "part_acknowledged", "no_evidence", "nothing_committed"),
+        strict=True)
+)  # fmt: skip
+
+
 def grouped_counts(query: ReportQuery) -> list[GroupRow]:
-    """Runs, outcomes, chunks, verdicts and discrepancies per group, summed by the
-    database from the judged settlements (one query)."""
+    """Runs, outcomes, chunks, verdicts and discrepancies per group: whole UTC days
+    from ``SettledDay``, the part-days at either end summed from the judged
+    settlements (two queries, neither reading each run of the whole days)."""
+    days, edges = _edges(query)
     zero = Value(0)
+    found: dict[Any, GroupRow] = {}
+
+    def row_of(key: Any) -> GroupRow:
+        if key not in found:
+            found[key] = GroupRow(key=key, outcomes=dict.fromkeys(OUTCOMES, 0))
+        return found[key]
+
+    if days is not None:
+        whole = _narrowed(SettledDay.objects.filter(day__gte=days[0], day__lte=days[1]), query)
+        sums = {
+            **{name: Sum(name) for name in _DAY_COLUMNS},
+            **{column: Sum(column) for column in _DAY_VERDICTS.values()},
+            "flagged_runs": Sum("flagged"), "found": Sum("discrepancies"),
+        }  # fmt: skip
+        for day_row in (
+            whole.annotate(key=_day_group(query.group))
+            .values("key", "outcome")
+            .annotate(**sums)
+            .order_by()
+        ):
+            _add_counts(row_of(day_row["key"]), day_row, day_row["outcome"])
     counts = {
         "runs": Count("id"),
-        **{f"outcome_{o}": Count("id", filter=Q(outcome=o)) for o in OUTCOMES},
         "committed": Coalesce(Sum("chunks_committed"), zero),
         "sent": Coalesce(Sum("chunks_sent"), zero),
         "observed": Coalesce(Sum("chunks_observed"), zero),
-        **{f"verdict_{v}": Count("id", filter=Q(delivery_verdict=v)) for v in VERDICTS},
-        "flagged": Count("id", filter=Q(discrepancy_count__gt=0)),
+        **{
+            column: Count("id", filter=Q(delivery_verdict=v)) for v, column in _DAY_VERDICTS.items()
+        },
+        "flagged_runs": Count("id", filter=Q(discrepancy_count__gt=0)),
         "found": Coalesce(Sum("discrepancy_count"), zero),
     }
-    rows = (
-        settlements(query)
-        .values(key=_group_expression(query.group))
+    for part in (
+        _narrowed(Settlement.objects.filter(edges), query)
+        .annotate(key=_group_expression(query.group))
+        .values("key", "outcome")
         .annotate(**counts)
-        .order_by("key")
-    )
-    return [
-        GroupRow(
-            key=row["key"],
-            runs=row["runs"],
-            outcomes={o: row[f"outcome_{o}"] for o in OUTCOMES},
-            committed=row["committed"],
-            sent=row["sent"],
-            observed=row["observed"],
-            evidence={v: row[f"verdict_{v}"] for v in VERDICTS},
-            with_discrepancies=row["flagged"],
-            discrepancies=row["found"],
-        )
-        for row in rows
-    ]
+        .order_by()
+    ):
+        _add_counts(row_of(part["key"]), part, part["outcome"])
+    return [found[key] for key in sorted(found, key=_sortable) if found[key].runs]
+
+
+def _add_counts(row: GroupRow, sums: dict[str, Any], outcome: str) -> None:
+    runs = sums["runs"] or 0
+    row.runs += runs
+    if outcome in row.outcomes:
+        row.outcomes[outcome] += runs
+    row.committed += sums["committed"] or 0
+    row.sent += sums["sent"] or 0
+    row.observed += sums["observed"] or 0
+    for verdict, column in _DAY_VERDICTS.items():
+        row.evidence[verdict] += sums[column] or 0
+    row.with_discrepancies += sums["flagged_runs"] or 0
+    row.discrepancies += sums["found"] or 0
 
 
 CostItems = dict[Any, list[tuple[int, str, UsageShape]]]
@@ -180,7 +214,27 @@ def _whole_days(query: ReportQuery) -> tuple[date, date] | None:
     return (first_day, last_day) if first_day <= last_day else None
 
 
-def _usage_key(group: str) -> Any:
+def _edges(query: ReportQuery) -> tuple[tuple[date, date] | None, Q]:
+    """The whole UTC days of the window ([first, last] or None) and the filter of the
+    settlements outside them (the part-days at either end)."""
+    days = _whole_days(query)
+    edges = Q(settled_at__gte=query.start, settled_at__lt=query.end)
+    if days is not None:
+        first, last = days
+        edges &= ~Q(settled_at__gte=_midnight(first), settled_at__lt=_midnight(last + timedelta(1)))
+    return days, edges
+
+
+def _narrowed(rows: QuerySet, query: ReportQuery) -> QuerySet:
+    if query.provider:
+        rows = rows.filter(provider_key=query.provider)
+    if query.outcome:
+        rows = rows.filter(outcome=query.outcome)
+    return rows
+
+
+def _day_group(group: str) -> Any:
+    """The group key of a ``SettledDay`` or ``SettledUsageDay`` row."""
     if group == "day":
         return F("day")
     if group == "provider":
@@ -198,19 +252,12 @@ def grouped_usage(query: ReportQuery) -> CostItems:
         result = "refused" if refused else "other"
         merge_shape(found[key], (provider, result, shape.kinds, shape.reported), shape)
 
-    days = _whole_days(query)
-    edges = Q(settled_at__gte=query.start, settled_at__lt=query.end)
+    days, edges = _edges(query)
     if days is not None:
-        first, last = days
-        edges &= ~Q(settled_at__gte=_midnight(first), settled_at__lt=_midnight(last + timedelta(1)))
-        whole = SettledUsageDay.objects.filter(day__gte=first, day__lte=last)
-        if query.provider:
-            whole = whole.filter(provider_key=query.provider)
-        if query.outcome:
-            whole = whole.filter(outcome=query.outcome)
+        whole = _narrowed(SettledUsageDay.objects.filter(day__gte=days[0], day__lte=days[1]), query)
         rows = (
             whole.values_list(
-                _usage_key(query.group),
+                _day_group(query.group),
                 "provider_id",
                 "refused",
                 "reported",
@@ -226,8 +273,7 @@ def grouped_usage(query: ReportQuery) -> CostItems:
             if n:  # a line emptied by a later judgement's difference
                 add(key, provider, refused, UsageShape(n, reported, b, o, c))
     part = (
-        settlements(query)
-        .filter(edges)
+        _narrowed(Settlement.objects.filter(edges), query)
         .annotate(group_key=_group_expression(query.group), usage=KeyTransform("usage", "delivery"))
         .values_list("group_key", "usage")
     )
@@ -316,8 +362,8 @@ def _rows_of(run: RunDelivery) -> list[DiscrepancyRow]:
 
 class DiscrepancyList(Sequence[DiscrepancyRow]):
     """The window's discrepancies, newest run first, read a slice at a time: a page
-    reads only the runs it shows (a running sum of the runs' discrepancy counts says
-    which), so page 200 costs what page 1 does. ``count`` is known from the aggregate."""
+    reads the discrepancy counts of the runs up to it and the rows of the runs it
+    shows. ``count`` is known from the aggregate."""
 
     def __init__(self, query: ReportQuery, count: int) -> None:
         self.query = query
@@ -347,21 +393,24 @@ class DiscrepancyList(Sequence[DiscrepancyRow]):
             return list(self)[index]
         if start >= stop:
             return []
-        upto = Window(
-            Sum("discrepancy_count"), order_by=[F("settled_at").desc(), F("run_id").desc()]
-        )
-        rows = (
-            self._flagged()
-            .annotate(upto=upto)
-            .annotate(before=F("upto") - F("discrepancy_count"))
-            .filter(upto__gt=start, before__lt=stop)
-            .order_by("-settled_at", "-run_id")
-            .values_list(*_RUN_FIELDS, "before")
+        # Every flagged run has at least one discrepancy, so rows [start, stop) lie
+        # within the first ``stop`` runs: their counts (two small columns) say which.
+        counts = _newest_first(self._flagged()).values_list("id", "discrepancy_count")[:stop]
+        before, wanted = 0, {}
+        for settlement_id, count in counts:
+            if before + count > start:
+                wanted[settlement_id] = before
+            before += count
+            if before >= stop:
+                break
+        rows = _newest_first(Settlement.objects.filter(id__in=list(wanted))).values_list(
+            "id", *_RUN_FIELDS
         )
         found: list[DiscrepancyRow] = []
-        for *row, before in rows:
+        for settlement_id, *row in rows:
+            first = wanted[settlement_id]
             for offset, item in enumerate(_rows_of(_run_delivery(tuple(row)))):
-                if start <= before + offset < stop:
+                if start <= first + offset < stop:
                     found.append(item)
         return found
 
@@ -393,7 +442,10 @@ def delivery_report(query: ReportQuery) -> Report:
     ordered = [groups[key] for key in sorted(groups, key=_sortable)]
     total = GroupRow(key=None, outcomes=dict.fromkeys(OUTCOMES, 0))
     for row in ordered:
-        row.cost = summarize(items.get(row.key, ()), prices)
+        # Already summed by shape per group (grouped_usage): priced as they are.
+        row.cost = summarize_shapes(
+            (result, shape, prices[provider]) for provider, result, shape in items.get(row.key, ())
+        )
         total.runs += row.runs
         total.committed += row.committed
         total.sent += row.sent

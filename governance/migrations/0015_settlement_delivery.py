@@ -7,9 +7,9 @@ the run's body chunks, completion callback, tool receipts or provider attempts
 is inserted, changed or deleted. Database triggers bump it, whoever writes the
 row, so no writer can leave a stale judgement behind; a settlement whose two
 revisions differ is judged again (the partial index finds them).
-``SettledUsageDay`` sums the billed tokens of settled runs per UTC day, run
-provider and outcome, so the report prices whole days without reading each
-run's requests.
+``SettledDay`` and ``SettledUsageDay`` sum the judged columns and the billed
+tokens of settled runs per UTC day, run provider and outcome, so the report
+reads whole days without reading each run.
 Written out here, not imported: a migration must not change with the code.
 """
 
@@ -87,6 +87,30 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.CreateModel(
+            name="SettledDay",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("day", models.DateField()),
+                ("provider_key", models.CharField(blank=True, max_length=64)),
+                ("outcome", models.CharField(max_length=16)),
+                ("runs", models.BigIntegerField(default=0)),
+                ("committed", models.BigIntegerField(default=0)),
+                ("sent", models.BigIntegerField(default=0)),
+                ("observed", models.BigIntegerField(default=0)),
+                ("all_acknowledged", models.BigIntegerField(default=0)),
+                ("part_acknowledged", models.BigIntegerField(default=0)),
+                ("no_evidence", models.BigIntegerField(default=0)),
+                ("nothing_committed", models.BigIntegerField(default=0)),
+                ("flagged", models.BigIntegerField(default=0)),
+                ("discrepancies", models.BigIntegerField(default=0)),
+            ],
+        ),
         migrations.CreateModel(
             name="SettledUsageDay",
             fields=[
@@ -166,7 +190,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="settlement",
-            index=models.Index(fields=["settled_at"], name="settlement_settled_at"),
+            index=models.Index(fields=["settled_at", "run_id"], name="settlement_settled_at"),
         ),
         migrations.AddIndex(
             model_name="settlement",
@@ -174,6 +198,12 @@ class Migration(migrations.Migration):
                 condition=models.Q(("judged_rev__lt", models.F("delivery_rev"))),
                 fields=["id"],
                 name="settlement_unjudged",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="settledday",
+            constraint=models.UniqueConstraint(
+                fields=("day", "provider_key", "outcome"), name="settled_day_key"
             ),
         ),
         migrations.AddField(

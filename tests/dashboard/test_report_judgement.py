@@ -262,3 +262,54 @@ def test_an_attempt_recorded_after_the_judgement_changes_the_days_cost_once():
     by_provider = q.delivery_report(q.ReportQuery(start=day.start, end=day.end, group="provider"))
     assert [row.key for row in by_provider.groups] == ["beta"]
     assert by_provider.groups[0].cost == _expected_cost([run])
+
+
+def _recount(group: str, start, end) -> dict:
+    """The report's counts taken from each judged settlement, for comparison."""
+    found: dict = {}
+    for row in Settlement.objects.filter(settled_at__gte=start, settled_at__lt=end):
+        key = {
+            "day": row.settled_at.date(),
+            "provider": row.provider_key,
+            "outcome": q.OUTCOMES.index(row.outcome),
+        }[group]
+        counts = found.setdefault(key, [0] * 8)
+        for i, value in enumerate(
+            (1, row.chunks_committed, row.chunks_sent, row.chunks_observed,
+             int(row.delivery_verdict == "client_received_all_committed"),
+             int(row.delivery_verdict == "no_client_evidence"),
+             int(row.discrepancy_count > 0), row.discrepancy_count)
+        ):  # fmt: skip
+            counts[i] += value
+    return found
+
+
+def test_day_counts_follow_every_new_judgement_of_a_run():
+    """SettledDay takes each judgement's difference: after acknowledgements, a late
+    attempt that changes the run's provider and a deleted chunk, whole days read from
+    it still equal the judged settlements counted one by one."""
+    runs = []
+    for n in range(8):
+        settled = NOW.replace(hour=2) - timedelta(days=n % 3, hours=-n)
+        runs.append(make_run(RunSpec(chunks=("CS", "CSF"), settled_at=settled)))
+    deliveries.judge_unjudged()
+    BodyChunk.objects.filter(run__in=runs[:3]).update(observed_at=NOW)  # acknowledged
+    _attempt(runs[3], _priced("beta"), {"input_tokens": 5}, at=NOW)  # now beta's run
+    BodyChunk.objects.filter(run=runs[4], chunk_no=1).delete()
+    deliveries.judge_unjudged()
+    start = NOW.replace(hour=0) - timedelta(days=2)
+    end = NOW.replace(hour=0) + timedelta(days=1)
+    for group in q.GROUPS:
+        rows = q.grouped_counts(q.ReportQuery(start=start, end=end, group=group))
+        got = {
+            row.key: [
+                row.runs, row.committed, row.sent, row.observed,
+                row.evidence["client_received_all_committed"],
+                row.evidence["no_client_evidence"], row.with_discrepancies, row.discrepancies,
+            ]
+            for row in rows
+        }  # fmt: skip
+        assert got == _recount(group, start, end), group
+    assert {
+        row.key for row in q.grouped_counts(q.ReportQuery(start=start, end=end, group="provider"))
+    } == {"alpha", "beta"}
