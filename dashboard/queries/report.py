@@ -91,12 +91,8 @@ def provider_ids() -> list[str]:
 
 def settlements(query: ReportQuery) -> QuerySet[Settlement]:
     """The settlements in the window, narrowed by provider and outcome."""
-    rows = Settlement.objects.filter(settled_at__gte=query.start, settled_at__lt=query.end)
-    if query.provider:
-        rows = rows.filter(provider_key=query.provider)
-    if query.outcome:
-        rows = rows.filter(outcome=query.outcome)
-    return rows
+    window = Settlement.objects.filter(settled_at__gte=query.start, settled_at__lt=query.end)
+    return _narrowed(window, query)
 
 
 def _group_expression(group: str) -> Any:
@@ -226,6 +222,7 @@ def _edges(query: ReportQuery) -> tuple[tuple[date, date] | None, Q]:
 
 
 def _narrowed(rows: QuerySet, query: ReportQuery) -> QuerySet:
+    """Settlements or day sums narrowed to the query's provider and outcome."""
     if query.provider:
         rows = rows.filter(provider_key=query.provider)
     if query.outcome:
