@@ -975,7 +975,8 @@ class System:
                     "SELECT count(*) FROM governance_settlement WHERE judged_rev < delivery_rev"
                 ).fetchone()
                 if not left:  # the judgements rewrote each row: vacuum, as autovacuum soon would
-                    conn.execute("VACUUM ANALYZE governance_settlement")
+                    for table in ("settlement", "settledday", "settledusageday"):
+                        conn.execute(f"VACUUM ANALYZE governance_{table}")
                     return time.monotonic() - began
                 time.sleep(0.5)
         raise BenchError(1, f"settlements still unjudged after {JUDGE_TIMEOUT_S:.0f} s")

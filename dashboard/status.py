@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -56,12 +57,27 @@ def broker_status() -> ComponentStatus:
     from tasks.celery import app
 
     where = redact_url(settings.CELERY_BROKER_URL)
+    url = app.conf.broker_write_url or app.conf.broker_url or ""
     try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=2)
+        if url.startswith(("redis://", "rediss://")):
+            # A PING over a pooled connection: a real round trip, without the new
+            # connection and handshake per page (6 ms of the overview) of kombu's probe.
+            _redis_client(url).ping()
+        else:
+            with app.connection_for_write() as conn:
+                conn.ensure_connection(
+                    max_retries=1, interval_start=0, interval_step=0.2, timeout=2
+                )
     except Exception as exc:  # any transport's failure means "not reachable now"
         return ComponentStatus("broker", False, f"{where}: unreachable ({type(exc).__name__})")
     return ComponentStatus("broker", True, where)
+
+
+@functools.cache
+def _redis_client(url: str):
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def heartbeat_status(component: str, now: datetime) -> ComponentStatus:
