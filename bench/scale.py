@@ -965,21 +965,28 @@ class System:
 
     def wait_until_judged(self) -> float:
         """Seconds until the beat has judged every settlement written above (their
-        delivery is judged once, then read by the report): the pages are timed in
-        that steady state, not while a backlog of judgements shares the cores."""
+        delivery is judged once, then read by the report) and tiered every attempt
+        (its Insights tier is decided once, then summed by the Insights page): the
+        pages are timed in that steady state, not while a backlog of judgements and
+        tiers shares the cores."""
         began = time.monotonic()
         deadline = began + JUDGE_TIMEOUT_S
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             while time.monotonic() < deadline:
                 (left,) = conn.execute(
-                    "SELECT count(*) FROM governance_settlement WHERE judged_rev < delivery_rev"
+                    "SELECT (SELECT count(*) FROM governance_settlement "
+                    "WHERE judged_rev < delivery_rev) + (SELECT count(*) FROM "
+                    "governance_providerattempt WHERE NOT tiered)"
                 ).fetchone()
-                if not left:  # the judgements rewrote each row: vacuum, as autovacuum soon would
-                    for table in ("settlement", "settledday", "settledusageday"):
+                if not left:  # the judgements and tiers rewrote each row: vacuum, as
+                    # autovacuum soon would (index-only scans need the visibility map)
+                    for table in ("settlement", "settledday", "settledusageday", "providerattempt"):
                         conn.execute(f"VACUUM ANALYZE governance_{table}")
                     return time.monotonic() - began
                 time.sleep(0.5)
-        raise BenchError(1, f"settlements still unjudged after {JUDGE_TIMEOUT_S:.0f} s")
+        raise BenchError(
+            1, f"settlements unjudged or attempts untiered after {JUDGE_TIMEOUT_S:.0f} s"
+        )
 
     def stop(self) -> None:
         if self.up is not None and self.up.poll() is None:

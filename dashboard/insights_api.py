@@ -1,8 +1,9 @@
 """``GET /api/v1/insights/reprobes`` (issue 12): the Insights page's numbers as JSON.
 
 Needs the ``view_insights`` permission (operators and managers). The tiers,
-rates and Wilson intervals are ``governance.rules.insights``; the facts are
-read by ``dashboard.queries.insights``.
+rates and Wilson intervals are ``governance.rules.insights``; the tiers kept on
+the attempts are counted by ``dashboard.queries.insights``, the period's pending
+ones tiered first (``dashboard.insights_views.tiered_insights``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from dashboard import permissions
 from dashboard.api import ApiError, api_view, parse_query, require
 from dashboard.api_schemas import InsightsQuery
+from dashboard.insights_views import tiered_insights
 from dashboard.queries import insights as q
 from governance import time_source
 from governance.rules.insights import TierRow, tier_label
@@ -53,7 +55,7 @@ def reprobes(request: HttpRequest) -> JsonResponse:
         raise ApiError(400, "since", "must be before `until`")
     if until - since > MAX_PERIOD:
         raise ApiError(400, "since", "the period is longer than 366 days: ask one year at a time")
-    insights = q.reprobe_insights(
+    insights = tiered_insights(
         q.InsightsQuery(start=since, end=until, provider=query.provider or "")
     )
     return JsonResponse(

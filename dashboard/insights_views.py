@@ -2,8 +2,9 @@
 
 For operators and managers (``view_insights``). One set of filters drives the
 page, its CSV and ``GET /api/v1/insights/reprobes``: the numbers are the same
-(``dashboard.queries.insights`` reads the facts, ``governance.rules.insights``
-tiers and counts them).
+(``governance.rules.insights`` tiers each send once — kept on the attempt by
+``governance.services.insight_tiers``, which tiers the period's pending attempts
+before each read — and ``dashboard.queries.insights`` counts the kept tiers).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dashboard.streaming import csv_response
 from governance import services, time_source
 from governance.rules.insights import ScheduleReplay, TierRow, WhatIf, tier_label
 from governance.rules.refusal import MAX_SCHEDULE_TIERS, RefusalError, check_schedule
+from governance.services import insight_tiers
 
 PER_PAGE = 50
 DEFAULT_DAYS = 7
@@ -232,6 +234,13 @@ def _quick_links(request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
     return links
 
 
+def tiered_insights(query: q.InsightsQuery, **what_if: Any) -> q.Insights:
+    """The period's numbers, its pending attempts tiered first (their turns finished
+    since the beat's last pass): the page, the CSV and the API read the same tiers."""
+    insight_tiers.tier_pending(start=query.start, end=query.end)
+    return q.reprobe_insights(query, **what_if)
+
+
 def _form(request: HttpRequest, now: datetime) -> InsightsForm:
     return InsightsForm(_with_defaults(request.GET, now), providers=q.provider_ids())
 
@@ -311,9 +320,9 @@ def insights(request: HttpRequest) -> HttpResponse:
     }
     if not form.is_valid() or (proposal.is_bound and not proposal.is_valid()):
         if form.is_valid():  # the period is fine: show its numbers with the form's errors
-            context.update(_numbers(request, form, q.reprobe_insights(form.query())))
+            context.update(_numbers(request, form, tiered_insights(form.query())))
         return render(request, "insights/reprobes.html", context, status=400)
-    result = q.reprobe_insights(
+    result = tiered_insights(
         form.query(),
         proposed=proposal.cleaned_data["delays"] if proposal.is_bound else None,
         default=services.reprobe_delays(),
@@ -376,7 +385,7 @@ def insights_csv(request: HttpRequest) -> HttpResponse:
     writer = csv.writer(_Echo())
 
     def rows() -> list[str]:
-        result = q.reprobe_insights(query)
+        result = tiered_insights(query)
         return [
             writer.writerow([csv_safe(cell) for cell in cells(row)])
             for row in [*result.totals, *result.rows]

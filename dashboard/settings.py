@@ -298,6 +298,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("GOVERNANCE_DELIVERY_JUDGE_SECONDS", 5, minimum=1)),
         "options": {"expires": 30},
     },
+    # Issue 12: tier the provider attempts of turns finished since the last pass, so
+    # the Insights page sums kept tiers instead of replaying every refusal timeline.
+    "tier-attempts": {
+        "task": "tasks.jobs.tier_attempts",
+        "schedule": float(env_int("GOVERNANCE_INSIGHT_TIER_SECONDS", 5, minimum=1)),
+        "options": {"expires": 30},
+    },
 }
 
 # --- Governance rules ---

@@ -356,6 +356,17 @@ class ProviderAttempt(models.Model):
     error = models.TextField(blank=True)
     # {tool name: wire name} offered in this request (OpenAI/Anthropic name rules).
     tool_names = models.JSONField(default=dict, blank=True)
+    # Its Insights tier (issue 12), decided once by governance.rules.insights.tier_sends
+    # when its turn is over and kept by services.insight_tiers; the Insights page sums
+    # these. ``tiered`` says it was decided ("" tier: the send is in no tier). The
+    # database defaults too: rows written by COPY (bench/scale.py) start untiered.
+    tiered = models.BooleanField(default=False, db_default=False)
+    insight_tier = models.CharField(max_length=16, blank=True, default="", db_default="")
+    insight_step = models.PositiveSmallIntegerField(default=0, db_default=0)  # re-probe n
+    insight_boundary_kind = models.CharField(max_length=32, blank=True, default="", db_default="")
+    insight_category = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # Seconds since the latest refusal before it; None: no refusal before it.
+    insight_since_refusal_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -373,6 +384,16 @@ class ProviderAttempt(models.Model):
                 name="attempt_refusal_related",
                 condition=Q(result="refused")
                 | Q(kind__in=["re_render", "history_only", "re_probe"]),
+            ),
+            # What is left to tier, by segment (services.insight_tiers); empty at rest.
+            models.Index(
+                fields=["segment", "started_at"],
+                name="attempt_untiered",
+                condition=Q(tiered=False),
+            ),
+            # The Insights page's sums over a period: the sends that are in a tier.
+            models.Index(
+                fields=["started_at"], name="attempt_tier_time", condition=~Q(insight_tier="")
             ),
         ]
 

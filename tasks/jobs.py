@@ -56,3 +56,17 @@ def judge_deliveries() -> int:
 
 # One pass stays short; a backlog (after an upgrade) drains over a few passes.
 JUDGE_LIMIT = 5000
+
+
+@shared_task(name="tasks.jobs.tier_attempts", ignore_result=True)
+def tier_attempts() -> int:
+    """Issue 12: the Insights tier of every attempt whose turn finished since the last
+    pass, decided once by the rule and kept on the attempt."""
+    from governance.services import insight_tiers
+
+    return insight_tiers.tier_pending(limit=TIER_LIMIT, skip_locked=True)
+
+
+# Segments per pass: one pass stays short; a backlog (after an upgrade) drains over a
+# few passes.
+TIER_LIMIT = 2000

@@ -1,8 +1,16 @@
 """Read-only queries of the Insights page and API (issue 12): re-probe outcomes.
 
-The facts are read in a few batched queries; the tiering, the Wilson
-intervals and the medians are ``governance.rules.insights`` (never decided
-here). What is read, for a period ``[start, end)``:
+Each send's tier is decided once, by ``governance.rules.insights.tier_sends``,
+and kept on its ``ProviderAttempt`` (``governance.services.insight_tiers``; the
+views tier their period's pending attempts first). Here the kept tiers of the
+period are counted by the database: per tier, step, boundary kind, provider,
+model and category, the sends, accepted and refused, and the median time since
+the latest refusal (on PostgreSQL; elsewhere the kept tiers are read and
+counted by the rule). The Wilson intervals and the rates are the rule's
+(``tier_rows``). Two statements, however many sends the period holds.
+
+The what-if replay (``governance.rules.insights.what_if``), only when asked,
+reads the facts themselves, for a period ``[start, end)``:
 
 1. the (segment, provider) pairs with a refusal-related send in the period
    (a refused send, a re-render, a history-only send or a re-probe);
@@ -11,15 +19,15 @@ here). What is read, for a period ``[start, end)``:
 3. the refusal state a boundary carried over (the closed segment's
    ``SegmentRefusal`` row, which never changes after the close, R1.4) for
    providers whose first send in the next segment is in the period, and that
-   first send (R3.8) — a first send before the period has its tier outside it.
+   first send (R3.8) — a first send before the period has its tier outside it;
+
+and the recorded turns of the segments whose timelines it replays: each turn
+that sent to a provider (an attempt) or skipped one (its ``llm-fallback`` card,
+R3.5), and from the cards the schedule each refusal ran under — two more
+queries.
 
 Accepted original sends without refusal state change nothing and are not
 read: with refusal state in a segment every send is a re-probe (R3.2).
-
-The what-if replay (``governance.rules.insights.what_if``) reads, besides, the
-recorded turns of the segments whose timelines it replays: each turn that sent
-to a provider (an attempt) or skipped one (its ``llm-fallback`` card, R3.5),
-and from the cards the schedule each refusal ran under — two more queries.
 """
 
 from __future__ import annotations
@@ -28,34 +36,38 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import BigIntegerField, Case, Exists, Min, OuterRef, Q, Value, When
+from django.db import connection
+from django.db.models import (
+    Aggregate,
+    BigIntegerField,
+    Case,
+    Count,
+    Exists,
+    FloatField,
+    Min,
+    OuterRef,
+    Q,
+    Value,
+    When,
+)
 
 from governance.models import Provider, ProviderAttempt, RunEvent, SegmentRefusal
 from governance.rules.insights import (
     CarriedRefusal,
     SendFact,
+    TierCount,
+    TieredSend,
     TierRow,
     WhatIf,
     refusal_timelines,
     reprobe_outcomes,
+    tier_rows,
     tier_sends,
     what_if,
 )
 from governance.rules.refusal import delays_from_seconds
-
-REFUSAL_RELATED = Q(result="refused") | Q(kind__in=["re_render", "history_only", "re_probe"])
-_FIELDS = (
-    "id",
-    "segment_id",
-    "stage_id",
-    "provider__provider_id",
-    "model",
-    "kind",
-    "started_at",
-    "result",
-    "refusal_category",
-    "latency_ms",
-)
+from governance.services.insight_tiers import REFUSAL_RELATED
+from governance.services.insight_tiers import SEND_FIELDS as _FIELDS
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,8 @@ def _carried(query: InsightsQuery) -> list[CarriedRefusal]:
 
 
 def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
-    """The facts of the period, for ``governance.rules.insights.tier_sends``."""
+    """The facts of the period, for ``governance.rules.insights.tier_sends`` (the
+    what-if's timelines and flip rates)."""
     in_period = Q(started_at__gte=query.start, started_at__lt=query.end)
     segments = (
         ProviderAttempt.objects.filter(REFUSAL_RELATED, in_period, _provider_filter(query))
@@ -240,6 +253,90 @@ def recorded_turns(segment_ids: Iterable[int], until: datetime) -> RecordedTurns
     )
 
 
+class _Median(Aggregate):
+    """The median as ``statistics.median`` takes it (``rules.insights.median_duration``):
+    the middle value, or the mean of the two middle values — the lower middle
+    ``percentile_disc`` ascending, the upper one descending — so the page shows the
+    same seconds to the microsecond (``percentile_cont`` interpolates, and may round
+    the other way). NULLs are left out."""
+
+    function = "percentile_disc"
+    name = "Median"
+    output_field = FloatField()
+    template = (
+        "((%(function)s(0.5) WITHIN GROUP (ORDER BY %(expressions)s) "
+        "+ %(function)s(0.5) WITHIN GROUP (ORDER BY %(expressions)s DESC)) / 2)"
+    )
+
+
+_GROUP = ("insight_tier", "insight_step", "insight_boundary_kind")
+_DETAIL = ("provider__provider_id", "model", "insight_category")
+
+
+def _kept(query: InsightsQuery):
+    """The period's sends that are in a tier, as kept on them."""
+    return (
+        ProviderAttempt.objects.filter(started_at__gte=query.start, started_at__lt=query.end)
+        .exclude(insight_tier="")
+        .filter(_provider_filter(query))
+        .order_by()
+    )
+
+
+def _counted(query: InsightsQuery, *, by_provider: bool) -> list[TierRow]:
+    """One GROUP BY over the kept tiers (PostgreSQL)."""
+    keys = (*_GROUP, *_DETAIL) if by_provider else _GROUP
+    counts = (
+        _kept(query)
+        .values(*keys)
+        .annotate(
+            sends=Count("id"),
+            accepted=Count("id", filter=Q(result="accepted")),
+            refused=Count("id", filter=Q(result="refused")),
+            median=_Median("insight_since_refusal_s"),
+            samples=Count("insight_since_refusal_s"),
+        )
+    )
+    return tier_rows(
+        TierCount(
+            row["insight_tier"],
+            row["insight_step"],
+            row["insight_boundary_kind"],
+            row.get("provider__provider_id", ""),
+            row.get("model", ""),
+            row.get("insight_category", ""),
+            sends=row["sends"],
+            accepted=row["accepted"],
+            refused=row["refused"],
+            median_since_refusal=(
+                timedelta(seconds=row["median"]) if row["median"] is not None else None
+            ),
+            since_samples=row["samples"],
+        )
+        for row in counts
+    )
+
+
+def _kept_sends(query: InsightsQuery) -> list[TieredSend]:
+    """The kept tiers of the period as the rule's values (databases without
+    ordered-set aggregates: counted by ``reprobe_outcomes``)."""
+    fields = ("id", *_GROUP, *_DETAIL, "result", "started_at", "insight_since_refusal_s")
+    sends = []
+    for attempt_id, *tier, result, at, since in _kept(query).values_list(*fields):
+        since_refusal = timedelta(seconds=since) if since is not None else None
+        sends.append(TieredSend(*tier, result, at, since_refusal, attempt_id))
+    return sends
+
+
+def tier_outcomes(query: InsightsQuery) -> tuple[list[TierRow], list[TierRow]]:
+    """The period's rows (per tier, provider, model and category) and totals (per
+    tier), from the tiers kept on the attempts."""
+    if connection.vendor == "postgresql":
+        return _counted(query, by_provider=True), _counted(query, by_provider=False)
+    tiered = _kept_sends(query)
+    return reprobe_outcomes(tiered, by_provider=True), reprobe_outcomes(tiered, by_provider=False)
+
+
 def reprobe_insights(
     query: InsightsQuery,
     *,
@@ -247,14 +344,16 @@ def reprobe_insights(
     default: Sequence[timedelta] = (),
     now: datetime | None = None,
 ) -> Insights:
-    """The tiers of the period; with ``proposed`` (``default``: R3.2's schedule, for
-    refusals that ran under it; ``now``) the what-if replay as well."""
-    sends, carried = gather(query)
-    tiered = tier_sends(sends, carried, start=query.start, end=query.end)
+    """The tiers of the period as kept (``services.insight_tiers.tier_pending`` first
+    for the period's latest attempts); with ``proposed`` (``default``: R3.2's
+    schedule, for refusals that ran under it; ``now``) the what-if replay as well."""
+    rows, totals = tier_outcomes(query)
     replay = None
     if proposed is not None:
         if not default or now is None:
             raise ValueError("a what-if needs the default schedule and the time")
+        sends, carried = gather(query)
+        tiered = tier_sends(sends, carried, start=query.start, end=query.end)
         horizon = min(query.end, now)
         recorded = recorded_turns({send.segment_id for send in sends}, horizon)
 
@@ -265,12 +364,7 @@ def reprobe_insights(
             sends, recorded.turns, start=query.start, end=query.end, delays=ran_under
         )
         replay = what_if(timelines, proposed, tiered, now=horizon)
-    return Insights(
-        query=query,
-        rows=reprobe_outcomes(tiered, by_provider=True),
-        totals=reprobe_outcomes(tiered, by_provider=False),
-        what_if=replay,
-    )
+    return Insights(query=query, rows=rows, totals=totals, what_if=replay)
 
 
 def provider_ids() -> list[str]:

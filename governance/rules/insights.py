@@ -87,6 +87,9 @@ class CarriedRefusal:
 
 
 class TieredSend(NamedTuple):
+    """A send with its tier: ``governance.services.insight_tiers`` keeps it on the
+    attempt (``attempt_id``), and the Insights page sums what is kept."""
+
     tier: str
     step: int  # the re-probe number; 0 for the other tiers
     boundary_kind: str  # after_boundary only
@@ -96,6 +99,24 @@ class TieredSend(NamedTuple):
     result: str
     at: datetime
     since_refusal: timedelta | None  # since the latest refusal before this send
+    attempt_id: int = 0  # the SendFact's
+
+
+class TierCount(NamedTuple):
+    """One group of tiered sends as counted (by the database, or by
+    :func:`reprobe_outcomes`): the input of :func:`tier_rows`."""
+
+    tier: str
+    step: int
+    boundary_kind: str
+    provider_id: str  # "" in a count over every provider
+    model: str
+    category: str
+    sends: int
+    accepted: int
+    refused: int
+    median_since_refusal: timedelta | None
+    since_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,16 +183,20 @@ def tier_sends(
     sends: Sequence[SendFact],
     carried: Sequence[CarriedRefusal] = (),
     *,
-    start: datetime,
-    end: datetime,
+    start: datetime | None = None,
+    end: datetime | None = None,
 ) -> list[TieredSend]:
-    """Each send in ``[start, end)`` that belongs to a tier, with its tier.
+    """Each send in ``[start, end)`` that belongs to a tier, with its tier (no
+    ``start``/``end``: every send given).
 
     ``sends`` must hold every refusal-related send of the segments concerned
     (earlier ones too: a re-probe's number depends on the refusals before
     it), and each segment's first send to a provider named in ``carried``.
+    A send's tier depends only on the sends before it, and on whether each
+    earlier refused send was the last of its turn: once a turn is over, the
+    tiers of its sends never change.
     """
-    if start >= end:
+    if start is not None and end is not None and start >= end:
         raise InsightError("the period must start before it ends")
     carried_by_pair = {(c.segment_id, c.provider_id): c for c in carried}
     ordered = sorted(sends, key=lambda s: (s.started_at, s.attempt_id))
@@ -208,7 +233,11 @@ def tier_sends(
                 state.refusals += 1
         elif send.result == "accepted":
             state.refusals = 0  # an accepted send clears the segment's state (R3.2)
-        if tier is None or not (start <= send.started_at < end):
+        if tier is None:
+            continue
+        if (start is not None and send.started_at < start) or (
+            end is not None and send.started_at >= end
+        ):
             continue
         tiered.append(
             TieredSend(
@@ -221,6 +250,7 @@ def tier_sends(
                 result=send.result,
                 at=send.started_at,
                 since_refusal=(send.started_at - since_anchor) if since_anchor else None,
+                attempt_id=send.attempt_id,
             )
         )
     return tiered
@@ -258,20 +288,41 @@ def reprobe_outcomes(tiered: Iterable[TieredSend], *, by_provider: bool = True) 
         tally.refused += send.result == "refused"
         if send.since_refusal is not None:
             tally.since.append(send.since_refusal)
+    return tier_rows(
+        TierCount(
+            *key,
+            sends=tally.sends,
+            accepted=tally.accepted,
+            refused=tally.refused,
+            median_since_refusal=median_duration(tally.since),
+            since_samples=len(tally.since),
+        )
+        for key, tally in tallies.items()
+    )
+
+
+def tier_rows(counts: Iterable[TierCount]) -> list[TierRow]:
+    """The rows of counted groups: failed, the acceptance rate = accepted ÷
+    (accepted + refused) with its 95 % Wilson interval, in tier order."""
     rows = []
-    for key, tally in tallies.items():
-        answered = tally.accepted + tally.refused
+    for count in counts:
+        answered = count.accepted + count.refused
         rows.append(
             TierRow(
-                *key,
-                sends=tally.sends,
-                accepted=tally.accepted,
-                refused=tally.refused,
-                failed=tally.sends - answered,
-                rate=tally.accepted / answered if answered else None,
-                interval=wilson_interval(tally.accepted, answered),
-                median_since_refusal=median_duration(tally.since),
-                since_samples=len(tally.since),
+                count.tier,
+                count.step,
+                count.boundary_kind,
+                count.provider_id,
+                count.model,
+                count.category,
+                sends=count.sends,
+                accepted=count.accepted,
+                refused=count.refused,
+                failed=count.sends - answered,
+                rate=count.accepted / answered if answered else None,
+                interval=wilson_interval(count.accepted, answered),
+                median_since_refusal=count.median_since_refusal,
+                since_samples=count.since_samples,
             )
         )
     rows.sort(

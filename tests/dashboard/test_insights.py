@@ -39,10 +39,11 @@ def fixed_clock():
     time_source.install(None)
 
 
-def turn(thread, at, alpha, *, increment=False):
+def turn(thread, at, alpha, *, increment=False, finish=True):
     """One model turn at ``at``: ``alpha`` lists alpha's answers in order
     ("accepted", "refused", "timeout"); beta (the backup) accepts. The sends
-    are one second apart; each answer comes at its send's start (latency 0)."""
+    are one second apart; each answer comes at its send's start (latency 0).
+    ``finish=False`` leaves its stage running."""
     segment = services.open_segment(thread)
     refusals = segment_refusals(segment)
     route = route_turn(
@@ -86,6 +87,10 @@ def turn(thread, at, alpha, *, increment=False):
         for n, (candidate, kind, result, moment) in enumerate(sent)
     ]
     record_turn(run=run, stage=stage, segment=segment, outcome=outcome, attempts=rows, now=at)
+    # The turn is over, as services.stages.close_stage records it with its attempts: only
+    # then are its sends tiered (services.insight_tiers).
+    if finish:
+        services.finish_stage(stage, outcome="answered", now=at + timedelta(seconds=len(sent)))
     return [kind for candidate, kind, _, _ in sent if candidate.provider_id == "alpha"]
 
 

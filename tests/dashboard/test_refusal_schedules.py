@@ -184,6 +184,7 @@ def _refused_turn(thread, at):
         for n, (pid, kind) in enumerate(sent)
     ]  # fmt: skip
     record_turn(run=run, stage=stage, segment=segment, outcome=outcome, attempts=rows, now=at)
+    services.finish_stage(stage, outcome="answered", now=at)  # as close_stage does
     return [kind for pid, kind in sent if pid == "alpha"]
 
 

@@ -11,9 +11,11 @@ from governance.rules.insights import (
     CarriedRefusal,
     InsightError,
     SendFact,
+    TierCount,
     median_duration,
     reprobe_outcomes,
     tier_label,
+    tier_rows,
     tier_sends,
     wilson_interval,
 )
@@ -109,6 +111,46 @@ def test_sends_outside_the_period_are_not_counted_but_still_number_the_tiers():
     assert [(t.tier, t.step) for t in tier_sends(sends, start=T0, end=END)] == [("re_probe", 1)]
     with pytest.raises(InsightError):
         tier_sends(sends, start=END, end=T0)
+
+
+def test_r3_2_without_a_period_every_send_is_tiered_and_named_by_its_attempt():
+    """What is kept on each attempt (services.insight_tiers): the tiers of every send
+    given, whatever the period, each naming its attempt."""
+    sends = [
+        send(1, "original", "refused", T0 - timedelta(days=400)),
+        send(2, "re_probe", "refused", T0 - timedelta(days=399)),
+        send(3, "re_probe", "accepted", T0 + timedelta(days=400)),
+    ]
+    tiered = tier_sends(sends)
+    assert [(t.attempt_id, t.tier, t.step) for t in tiered] == [
+        (1, "original", 0), (2, "re_probe", 1), (3, "re_probe", 2),
+    ]  # fmt: skip
+    assert tier_sends(sends, start=T0, end=END) == []
+    assert tier_sends(sends, start=T0) == tiered[2:]
+
+
+def test_r3_2_rows_from_counts_are_the_rows_of_the_sends_counted():
+    """The page counts kept tiers in the database; ``tier_rows`` gives those counts
+    the same rates, Wilson intervals and order as ``reprobe_outcomes`` gives sends."""
+    sends = [
+        send(1, "original", "refused", T0),
+        send(2, "re_probe", "failed", T0 + timedelta(minutes=15)),
+        send(3, "re_probe", "refused", T0 + timedelta(minutes=16)),
+        send(4, "re_probe", "accepted", T0 + timedelta(minutes=80)),
+    ]
+    tiered = tier_sends(sends)
+    counted = tier_rows(
+        [
+            TierCount("re_probe", 2, "", "p", "m", "policy", 1, 1, 0, timedelta(minutes=64), 1),
+            TierCount("re_probe", 1, "", "p", "m", "policy", 2, 0, 1, timedelta(minutes=15.5), 2),
+            TierCount("original", 0, "", "p", "m", "policy", 1, 0, 1, None, 0),
+        ]
+    )
+    assert counted == reprobe_outcomes(tiered)
+    assert [(r.tier, r.step, r.failed, r.rate) for r in counted] == [
+        ("original", 0, 0, 0.0), ("re_probe", 1, 1, 0.0), ("re_probe", 2, 0, 1.0),
+    ]  # fmt: skip
+    assert counted[2].interval == wilson_interval(1, 1)
 
 
 # --------------------------------------------------------------------------- what if (R3.2)
