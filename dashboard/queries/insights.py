@@ -66,7 +66,7 @@ from governance.rules.insights import (
     what_if,
 )
 from governance.rules.refusal import delays_from_seconds
-from governance.services.insight_tiers import REFUSAL_RELATED
+from governance.services.insight_tiers import REFUSAL_RELATED, carried_of, first_sends
 from governance.services.insight_tiers import SEND_FIELDS as _FIELDS
 
 
@@ -132,17 +132,7 @@ def _carried(query: InsightsQuery) -> list[CarriedRefusal]:
     )
     if query.provider:
         rows = rows.filter(provider_id=query.provider)
-    return [
-        CarriedRefusal(*row)
-        for row in rows.values_list(
-            "segment__next_segment_id",
-            "provider_id",
-            "segment__closed_kind",
-            "refusals",
-            "refused_at",
-            "category",
-        )
-    ]
+    return carried_of(rows)
 
 
 def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
@@ -167,42 +157,9 @@ def gather(query: InsightsQuery) -> tuple[list[SendFact], list[CarriedRefusal]]:
         .values_list(*_FIELDS)
     }
     carried = _carried(query)
-    if carried:
-        wanted = {(c.segment_id, c.provider_id) for c in carried}
-        pks = dict(
-            Provider.objects.filter(provider_id__in={p for _, p in wanted}).values_list(
-                "provider_id", "pk"
-            )
-        )
-        # Each carried pair's first send is in the period (``_carried``): its moment is
-        # the pair's earliest send there.
-        firsts = (
-            ProviderAttempt.objects.filter(
-                in_period, segment_id__in={s for s, _ in wanted}, provider_id__in=pks.values()
-            )
-            .order_by()
-            .values("segment_id", "provider_id")
-            .annotate(first=Min("started_at"))
-        )
-        first_at = {(row["segment_id"], row["provider_id"]): row["first"] for row in firsts}
-        by_pk = {pk: slug for slug, pk in pks.items()}
-        moments = {
-            (segment_id, by_pk[provider_pk], at)
-            for (segment_id, provider_pk), at in first_at.items()
-            if (segment_id, by_pk[provider_pk]) in wanted
-        }
-        if moments:
-            # Three short IN lists and the exact (segment, provider, moment) kept here: an
-            # OR of one condition per moment costs Django more than the query (issue 12:
-            # 47 ms of a 46 ms page at 220 of them, bench/scale.py).
-            rows = ProviderAttempt.objects.filter(
-                segment_id__in={m[0] for m in moments},
-                provider__provider_id__in={m[1] for m in moments},
-                started_at__in={m[2] for m in moments},
-            )
-            for row in rows.order_by().values_list(*_FIELDS):
-                if (row[1], row[3], row[6]) in moments:
-                    sends.setdefault(row[0], _fact(row))
+    # Each carried pair's first send is in the period (``_carried``): the pair's first.
+    for send in first_sends(carried):
+        sends.setdefault(send.attempt_id, send)
     return list(sends.values()), carried
 
 

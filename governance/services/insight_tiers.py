@@ -63,6 +63,11 @@ def _carried(segment_ids: Sequence[int]) -> list[CarriedRefusal]:
     rows = SegmentRefusal.objects.filter(segment__next_segment_id__in=segment_ids).filter(
         Q(refusals__isnull=True) | Q(refusals__gt=0)
     )
+    return carried_of(rows)
+
+
+def carried_of(rows) -> list[CarriedRefusal]:
+    """``SegmentRefusal`` rows as the rule's ``CarriedRefusal`` (the next segment's id)."""
     return [
         CarriedRefusal(*row)
         for row in rows.order_by().values_list(
@@ -76,7 +81,7 @@ def _carried(segment_ids: Sequence[int]) -> list[CarriedRefusal]:
     ]
 
 
-def _first_sends(carried: Sequence[CarriedRefusal]) -> list[SendFact]:
+def first_sends(carried: Sequence[CarriedRefusal]) -> list[SendFact]:
     """Each carried pair's first send in its segment, whatever its kind: only that
     send has the ``after_boundary`` tier (two queries)."""
     pk_of = dict(
@@ -123,7 +128,7 @@ def tiers_of(segment_ids: Sequence[int]) -> list[TieredSend]:
     }
     carried = _carried(segment_ids)
     if carried:
-        for send in _first_sends(carried):
+        for send in first_sends(carried):
             sends.setdefault(send.attempt_id, send)
     return tier_sends(list(sends.values()), carried)
 
