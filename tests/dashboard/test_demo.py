@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from io import StringIO
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.test import Client
 
 from governance import services, time_source
 from governance.models import (
@@ -160,6 +162,31 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert callbacks.filter(state="delivered", attempts=1).exists()
     assert RunViewer.objects.filter(run__thread__title__startswith="demo:").count() >= 9
     assert "callbacks delivered" in output and "runs watched" in output
+
+    # Insights (issue 12) answer on the demo data: the refusing provider's original
+    # sends and its re-probes are counted, over the API and on the page alike.
+    from governance.models import ApiToken
+    from governance.services.tokens import token_digest
+
+    manager = get_user_model().objects.get(username="demo-manager")
+    ApiToken.objects.create(user=manager, name="demo-check", key_digest=token_digest("d" * 32))
+    period = urlencode(
+        {"since": first.isoformat(), "until": (finished + timedelta(minutes=1)).isoformat()}
+    )
+    answer = Client().get(
+        f"/api/v1/insights/reprobes?{period}", headers={"Authorization": f"Bearer {'d' * 32}"}
+    )
+    assert answer.status_code == 200, answer.content
+    tiers = {row["label"]: row for row in answer.json()["totals"]}
+    assert tiers["original refused send"]["refused"] >= 1
+    assert tiers["re-probe 1"]["sends"] >= 1
+    assert all(row["sends"] == row["accepted"] + row["refused"] + row["failed"]
+               for row in tiers.values())  # fmt: skip
+    browser = Client()
+    browser.force_login(manager)
+    page = browser.get(f"/insights/?{period}", headers={"X-Forwarded-Proto": "https"})
+    assert page.status_code == 200
+    assert "re-probe 1" in page.content.decode()
 
     # Boundaries in the audit log, by the demo operator, with a reason.
     boundary = AuditEntry.objects.get(action="boundary.fresh_start")
