@@ -37,7 +37,6 @@ from django.db.models import F, Q
 
 from governance.models import BodyChunk, Run, RunCallback, Settlement
 from governance.rules.publication import (
-    ChunkFacts,
     Publication,
     PublicationError,
     SettlementOutcome,
@@ -45,6 +44,7 @@ from governance.rules.publication import (
     settlement_from_facts,
 )
 from governance.services.broker import send_by_name
+from governance.services.deliveries import publication_of
 
 SIGNATURE_HEADER = "X-Governance-Signature"
 TIMESTAMP_HEADER = "X-Governance-Timestamp"
@@ -105,29 +105,15 @@ def idempotency_key(run: Run) -> str:
 
 
 def _publication(run: Run) -> Publication | None:
-    """R7.2 facts of the run's body from its chunk rows (None when they break the rules)."""
-    chunks, final, ack = [], None, 0
-    for chunk_no, version, is_final, sent_at, observed_at in (
+    """R7.2 facts of the run's body from its chunk rows, read as the delivery
+    judgement reads them (None when they break the rules)."""
+    rows = (
         BodyChunk.objects.filter(run=run)
         .order_by("chunk_no")
         .values_list("chunk_no", "version", "final", "sent_at", "observed_at")
-    ):
-        committed = version is not None
-        observed = committed and observed_at is not None
-        chunks.append(
-            ChunkFacts(
-                chunk_id=chunk_no,
-                committed_version=version,
-                sent=committed and sent_at is not None,
-                observed=observed,
-            )
-        )
-        if observed:
-            ack = max(ack, chunk_no)
-        if is_final:
-            final = chunk_no if final is None else max(final, chunk_no)
+    )
     try:
-        return Publication(chunks=tuple(chunks), final_chunk_id=final, client_ack_through=ack)
+        return publication_of(rows)
     except PublicationError:
         return None
 
