@@ -155,6 +155,24 @@ def named_secret(name: str) -> str | None:
     return (_secret_from(name) or "").strip() or None
 
 
+def _url_flag(value: str, name: str) -> bool:
+    words = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
+    if value.lower() not in words:
+        raise ImproperlyConfigured(f"DATABASE_URL: {name} must be true or false, not {value!r}")
+    return words[value.lower()]
+
+
+def _url_threshold(value: str) -> int | None:
+    """psycopg's ``prepare_threshold``: uses before a statement is prepared; "none": never."""
+    if value.lower() == "none":
+        return None
+    if not value.isdigit():
+        raise ImproperlyConfigured(
+            f"DATABASE_URL: prepare_threshold must be a whole number or none, not {value!r}"
+        )
+    return int(value)
+
+
 def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> dict[str, Any]:
     """Django's DATABASES entry for ``postgres://`` or ``sqlite:///`` URLs.
 
@@ -178,6 +196,14 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
         # or a page, and the planner's estimates for JSON functions switch it on.
         # A URL's own ``options`` come after, so they can turn it back on.
         options["options"] = " ".join(filter(None, ("-c jit=off", options.get("options"))))
+        # Parameters travel apart from the statement, so a statement's text is the
+        # same on every call and psycopg prepares it on a connection after its second
+        # use: PostgreSQL parses and plans it once per connection, not per call (a
+        # stage's statements repeat on every turn). A URL may say otherwise.
+        options["server_side_binding"] = _url_flag(
+            options.get("server_side_binding", "true"), "server_side_binding"
+        )
+        options["prepare_threshold"] = _url_threshold(options.get("prepare_threshold", "2"))
         return {
             "ENGINE": "dashboard.postgresql",
             "NAME": name,

@@ -81,7 +81,53 @@ def test_database_url_postgres(tmp_path: Path):
     assert config["ENGINE"] == "dashboard.postgresql"
     assert (config["NAME"], config["USER"], config["PASSWORD"]) == ("gov", "app", "p@ss")
     assert (config["HOST"], config["PORT"]) == ("db.internal", "6543")
-    assert config["OPTIONS"] == {"sslmode": "require", "options": "-c jit=off"}
+    assert config["OPTIONS"] == {
+        "sslmode": "require", "options": "-c jit=off",
+        "server_side_binding": True, "prepare_threshold": 2,
+    }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_postgres_statements_are_prepared_after_their_second_use(tmp_path: Path):
+    """A stage's statements repeat on every turn: bound on the server, each is
+    parsed and planned once per connection (psycopg's prepared statements)."""
+    from django.db import connection
+
+    from governance.models import Provider
+
+    for _ in range(3):
+        list(Provider.objects.filter(provider_id="prepared-probe"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ['%"governance_provider"."provider_id" = $1%'],
+        )
+        assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("query", "options"),
+    [
+        ("server_side_binding=false", {"server_side_binding": False, "prepare_threshold": 2}),
+        ("prepare_threshold=none", {"server_side_binding": True, "prepare_threshold": None}),
+        ("prepare_threshold=0", {"server_side_binding": True, "prepare_threshold": 0}),
+    ],
+)
+def test_a_database_url_may_turn_prepared_statements_off(tmp_path: Path, query, options):
+    config = database_from_url(f"postgres://app@db/gov?{query}", base_dir=tmp_path)
+    assert {k: config["OPTIONS"][k] for k in options} == options
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ("server_side_binding=maybe", "server_side_binding must be true or false"),
+        ("prepare_threshold=-1", "prepare_threshold must be a whole number or none"),
+    ],
+)
+def test_a_bad_prepared_statement_option_is_one_clear_error(tmp_path: Path, query, words):
+    with pytest.raises(ImproperlyConfigured, match=words):
+        database_from_url(f"postgres://app@db/gov?{query}", base_dir=tmp_path)
 
 
 @pytest.mark.django_db
