@@ -30,16 +30,18 @@ def env_str(name: str, default: str | None = None) -> str | None:
     return default if value is None else value
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
+def _flag(value: str, name: str) -> bool:
     folded = value.strip().lower()
     if folded in _TRUE:
         return True
     if folded in _FALSE:
         return False
     raise ImproperlyConfigured(f"{name} must be one of 1/0/true/false/yes/no/on/off, not {value!r}")
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else _flag(value, name)
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
@@ -155,13 +157,6 @@ def named_secret(name: str) -> str | None:
     return (_secret_from(name) or "").strip() or None
 
 
-def _url_flag(value: str, name: str) -> bool:
-    words = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
-    if value.lower() not in words:
-        raise ImproperlyConfigured(f"DATABASE_URL: {name} must be true or false, not {value!r}")
-    return words[value.lower()]
-
-
 def _url_threshold(value: str) -> int | None:
     """psycopg's ``prepare_threshold``: uses before a statement is prepared; "none": never."""
     if value.lower() == "none":
@@ -200,8 +195,8 @@ def database_from_url(url: str, *, base_dir: Path, pool_max_size: int = 0) -> di
         # same on every call and psycopg prepares it on a connection after its second
         # use: PostgreSQL parses and plans it once per connection, not per call (a
         # stage's statements repeat on every turn). A URL may say otherwise.
-        options["server_side_binding"] = _url_flag(
-            options.get("server_side_binding", "true"), "server_side_binding"
+        options["server_side_binding"] = _flag(
+            options.get("server_side_binding", "true"), "DATABASE_URL: server_side_binding"
         )
         options["prepare_threshold"] = _url_threshold(options.get("prepare_threshold", "2"))
         return {

@@ -113,7 +113,7 @@ def test_postgres_statements_are_prepared_after_their_second_use(tmp_path: Path)
         ("prepare_threshold=0", {"server_side_binding": True, "prepare_threshold": 0}),
     ],
 )
-def test_a_database_url_may_turn_prepared_statements_off(tmp_path: Path, query, options):
+def test_a_database_url_chooses_its_own_prepared_statement_options(tmp_path: Path, query, options):
     config = database_from_url(f"postgres://app@db/gov?{query}", base_dir=tmp_path)
     assert {k: config["OPTIONS"][k] for k in options} == options
 
@@ -121,7 +121,7 @@ def test_a_database_url_may_turn_prepared_statements_off(tmp_path: Path, query, 
 @pytest.mark.parametrize(
     ("query", "words"),
     [
-        ("server_side_binding=maybe", "server_side_binding must be true or false"),
+        ("server_side_binding=maybe", "server_side_binding must be one of 1/0/true/false"),
         ("prepare_threshold=-1", "prepare_threshold must be a whole number or none"),
     ],
 )
