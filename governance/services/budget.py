@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 
 from django.db import transaction
 
@@ -13,23 +14,48 @@ from governance.models import (
     Stage,
 )
 from governance.rules import budget as budget_rules
+from governance.services import statements as sql
+
+ENTRY_FIELDS = (
+    "kind", "idempotency_key", "resource", "pool", "amount", "purpose", "for_finalization",
+)  # fmt: skip
 
 
 def _ledger(account: BudgetAccount) -> budget_rules.Ledger:
-    limits = budget_rules.BudgetLimits(**account.limits)
-    entries = tuple(
-        budget_rules.LedgerEntry(
-            kind=row.kind,
-            idempotency_key=row.idempotency_key,
-            resource=row.resource,
-            pool=row.pool,
-            amount=row.amount,
-            purpose=row.purpose,
-            for_finalization=row.for_finalization,
-        )
-        for row in account.entries.order_by("id")
+    entries = account.entries.order_by("id").values_list(*ENTRY_FIELDS)
+    return _ledger_of(account.limits, entries)
+
+
+def _ledger_of(limits: dict, entries) -> budget_rules.Ledger:
+    return budget_rules.Ledger(
+        budget_rules.BudgetLimits(**limits),
+        tuple(budget_rules.LedgerEntry(*entry) for entry in entries),
     )
-    return budget_rules.Ledger(limits, entries)
+
+
+@cache
+def _locked_ledger_sql() -> tuple[str, sql.Columns, sql.Columns]:
+    account, entry = (
+        sql.Columns(BudgetAccount, "a", only=("id", "limits")),
+        sql.Columns(BudgetEntry, "e", only=ENTRY_FIELDS),
+    )
+    text = (
+        f"SELECT {account.sql}, {entry.sql} FROM {sql.table(BudgetAccount)} a"
+        f" LEFT JOIN {sql.table(BudgetEntry)} e ON e.account_id = a.id"
+        f" WHERE a.run_id = %s ORDER BY e.id{sql.lock_clause('a')}"
+    )
+    return text, account, entry
+
+
+def _locked_ledger(run: Run) -> tuple[int, budget_rules.Ledger]:
+    """The run's account row locked (the admission lock) and its ledger, in one read."""
+    text, account, entry = _locked_ledger_sql()
+    rows = sql.fetch(text, [sql.value(BudgetAccount, "run", run.id)])
+    if not rows:
+        raise BudgetAccount.DoesNotExist(f"run {run.id} has no budget account")
+    account_id, limits = account.values(rows[0])
+    entries = [entry.values(row, account.width) for row in rows if row[account.width] is not None]
+    return account_id, _ledger_of(limits, entries)
 
 
 def admit(
@@ -48,15 +74,14 @@ def admit(
     ``stage``: the stage drawing it, so a use whose holder died before it
     recorded the attempt can be marked as having no known outcome (R5.3)."""
     with transaction.atomic():
-        account = BudgetAccount.objects.select_for_update().get(run=run)
-        ledger = _ledger(account)
+        account_id, ledger = _locked_ledger(run)
         new_ledger, admission = budget_rules.admit(
             ledger, resource, amount, key, purpose, for_finalization=for_finalization
         )
         if admission.admitted and not admission.duplicate:
             entry = new_ledger.entries[-1]
-            BudgetEntry.objects.create(
-                account=account,
+            row = BudgetEntry(
+                account_id=account_id,
                 kind=entry.kind.value,
                 idempotency_key=entry.idempotency_key,
                 resource=entry.resource.value,
@@ -67,6 +92,7 @@ def admit(
                 created_at=now,
                 stage=stage,
             )
+            sql.insert([row])
         return admission
 
 

@@ -15,6 +15,7 @@ from governance.models import (
 )
 from governance.rules import health as health_rules
 from governance.rules.turns import HealthMove
+from governance.services import statements as sql
 
 
 def provider_health(
@@ -35,6 +36,26 @@ def provider_health(
         probe_lease_until=row.probe_lease_until,
         last_success_at=row.last_success_at,
     )
+
+
+def providers_with_health(provider_ids: Sequence[str]) -> dict[str, Provider]:
+    """The providers named, each with its breaker row read along
+    (``provider.health``; a provider with no failure yet has none)."""
+    if not provider_ids:
+        return {}
+    providers, rows = sql.columns(Provider, "p"), sql.columns(ProviderHealthState, "h")
+    found = sql.fetch(
+        f"SELECT {providers.sql}, {rows.sql} FROM {sql.table(Provider)} p"
+        f" LEFT JOIN {sql.table(ProviderHealthState)} h ON h.provider_id = p.id"
+        f" WHERE p.provider_id IN ({sql.placeholders(len(provider_ids))}) ORDER BY p.provider_id",
+        list(provider_ids),
+    )
+    loaded = {}
+    for row in found:
+        provider = providers.load(row)
+        sql.cache_related(provider, "health", rows.load(row, providers.width))
+        loaded[provider.provider_id] = provider
+    return loaded
 
 
 def breaker_policy(provider: Provider) -> health_rules.BreakerPolicy:
@@ -91,7 +112,12 @@ def record_provider_result(
             provider.config_fingerprint(),
         )
 
-    current = ProviderHealthState.objects.filter(provider=provider).first()
+    shape = sql.columns(ProviderHealthState, "h")
+    found = sql.fetch(
+        f"SELECT {shape.sql} FROM {sql.table(ProviderHealthState)} h WHERE h.provider_id = %s",
+        [provider.pk],
+    )
+    current = shape.load(found[0]) if found else None
     if current is not None and not health_rules.health_changed(*moved(current)):
         return
     with transaction.atomic(savepoint=False):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +35,7 @@ from governance.rules.refusal import (
 from governance.rules.refusal import refused_at_datetime as refusal_datetime
 from governance.rules.routing import TurnOutcome
 from governance.rules.turns import TurnCall
+from governance.services import statements as sql
 from governance.services.alerts import emit_notice
 from governance.services.events import new_event
 
@@ -83,7 +85,12 @@ def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
 
 def segment_refusals(segment: Segment) -> dict[str, ProviderRefusal]:
     """R3.2 state of a segment, from the fast-read rows kept with the cards."""
-    return {row.provider_id: refusal_of(row) for row in segment.refusals.all()}
+    shape = sql.columns(SegmentRefusal, "f")
+    rows = sql.fetch(
+        f"SELECT {shape.sql} FROM {sql.table(SegmentRefusal)} f WHERE f.segment_id = %s",
+        [segment.id],
+    )
+    return {row.provider_id: refusal_of(row) for row in map(shape.load, rows)}
 
 
 def record_turn(
@@ -102,8 +109,8 @@ def record_turn(
     Only actual refusals (``outcome.recorded``) write refusal state; skipped
     providers are read onto the card and never written.
     """
-    ProviderAttempt.objects.bulk_create(
-        ProviderAttempt(run=run, stage=stage, segment=segment, **attempt) for attempt in attempts
+    sql.insert(
+        [ProviderAttempt(run=run, stage=stage, segment=segment, **attempt) for attempt in attempts]
     )
     for refusal in outcome.recorded:
         SegmentRefusal.objects.update_or_create(
@@ -166,15 +173,25 @@ def remember_turn_refusal(provider: Provider, request_digest: str, now: datetime
 
 def turn_memory(provider_ids: Sequence[str], now: datetime) -> health_rules.TurnRefusalMemory:
     memory = health_rules.TurnRefusalMemory()
-    rows = TurnRefusalMemo.objects.filter(
-        provider__provider_id__in=provider_ids,
-        refused_at__gt=now - health_rules.REFUSAL_SCOPE_TTL,
-    ).select_related("provider")
+    if not provider_ids:
+        return memory
+    shape = _memo_columns()
+    since = now - health_rules.REFUSAL_SCOPE_TTL
+    rows = sql.fetch(
+        f"SELECT p.provider_id, {shape.sql} FROM {sql.table(TurnRefusalMemo)} m"
+        f" JOIN {sql.table(Provider)} p ON p.id = m.provider_id"
+        f" WHERE p.provider_id IN ({sql.placeholders(len(provider_ids))}) AND m.refused_at > %s",
+        [*provider_ids, sql.value(TurnRefusalMemo, "refused_at", since)],
+    )
     for row in rows:
-        memory = health_rules.remember_turn_refusal(
-            memory, row.provider.provider_id, row.request_digest, row.refused_at
-        )
+        request_digest, refused_at = shape.values(row, 1)
+        memory = health_rules.remember_turn_refusal(memory, row[0], request_digest, refused_at)
     return memory
+
+
+@cache
+def _memo_columns() -> sql.Columns:
+    return sql.Columns(TurnRefusalMemo, "m", only=("request_digest", "refused_at"))
 
 
 def refusal_rows_view(segment: Segment, now: datetime) -> list[dict[str, Any]]:

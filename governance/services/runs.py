@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -16,12 +17,15 @@ from governance.models import (
     BudgetEntry,
     Run,
     RunEvent,
+    Segment,
     Settlement,
     Stage,
     Thread,
+    ThreadSession,
 )
 from governance.rules import claims as claim_rules
 from governance.rules import lifecycle as lc
+from governance.services import statements as sql
 from governance.services.admission import Overloaded, check_admission
 from governance.services.audit import audit
 from governance.services.claims import holder_gone, new_holder
@@ -187,14 +191,7 @@ def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | No
 
 
 def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
-    # The thread is locked with the stage: it serialises a model turn's gate
-    # (rules.claims.turn_may_start) with the closes that wake waiting turns.
-    stage = (
-        Stage.objects.select_for_update(of=("self", "run__thread"))
-        .select_related("run", "run__thread", "run__segment", "run__segment__session")
-        .filter(id=stage_id)
-        .first()
-    )
+    stage = _locked_stage(stage_id)
     if stage is None:
         return None
     verdict = claim_rules.claim_verdict(
@@ -212,7 +209,9 @@ def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
     stage.started_at = stage.started_at or now
     stage.claimed_at, stage.holder, stage.lease_until = now, new_holder(), now + lease
     stage.parked_at = None
-    Stage.objects.filter(id=stage.id).update(
+    sql.update(
+        Stage,
+        {"id": stage.id},
         deliveries=stage.deliveries,
         started_at=stage.started_at,
         claimed_at=now,
@@ -223,6 +222,49 @@ def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
     if verdict is claim_rules.ClaimVerdict.TAKE_OVER:
         BudgetEntry.objects.filter(stage_id=stage.id, outcome="").update(outcome="unknown")
     stage.claim_verdict = verdict
+    return stage
+
+
+@cache
+def _claim_sql() -> tuple[str, tuple[sql.Columns, ...]]:
+    shapes = (
+        sql.columns(Stage, "s"),
+        sql.columns(Run, "r"),
+        sql.columns(Thread, "t"),
+        sql.columns(Segment, "g"),
+        sql.columns(ThreadSession, "x"),
+    )
+    text = (
+        f"SELECT {', '.join(shape.sql for shape in shapes)}"
+        f" FROM {sql.table(Stage)} s"
+        f" JOIN {sql.table(Run)} r ON r.id = s.run_id"
+        f" JOIN {sql.table(Thread)} t ON t.id = r.thread_id"
+        f" JOIN {sql.table(Segment)} g ON g.id = r.segment_id"
+        f" JOIN {sql.table(ThreadSession)} x ON x.id = g.session_id"
+        f" WHERE s.id = %s{sql.lock_clause('s', 't')}"
+    )
+    return text, shapes
+
+
+def _locked_stage(stage_id: int) -> Stage | None:
+    """The stage with its run, thread, segment and session, the stage and the
+    thread locked: the thread serialises a model turn's gate
+    (rules.claims.turn_may_start) with the closes that wake waiting turns."""
+    text, shapes = _claim_sql()
+    found = sql.fetch(text, [stage_id])
+    if not found:
+        return None
+    row, start, loaded = found[0], 0, []
+    for shape in shapes:
+        loaded.append(shape.load(row, start))
+        start += shape.width
+    stage, run, thread, segment, session = loaded
+    sql.cache_related(stage, "run", run)
+    sql.cache_related(run, "thread", thread)
+    sql.cache_related(run, "segment", segment)
+    sql.cache_related(segment, "session", session)
+    if segment.thread_id == thread.id:
+        sql.cache_related(segment, "thread", thread)
     return stage
 
 
@@ -267,11 +309,7 @@ def run_facts(
     facts of a close not yet written), its phase and where finalization began
     (kept on the decision that entered it), its settlement."""
     facts = tuple(
-        fact
-        for metadata in run.events.filter(kind__in=FACT_KINDS)
-        .order_by("id")
-        .values_list("metadata", flat=True)
-        for fact in facts_of(metadata)
+        fact for metadata in _fact_payloads(run.id) for fact in facts_of(metadata)
     ) + tuple(extra)
     finalization_from = None
     if run.phase == "finalization":
@@ -294,6 +332,23 @@ def run_facts(
         settlement=settlement,
         recovery=recovery,
     )
+
+
+@cache
+def _fact_payloads_sql() -> tuple[str, sql.Columns]:
+    shape = sql.Columns(RunEvent, "e", only=("metadata",))
+    text = (
+        f"SELECT {shape.sql} FROM {sql.table(RunEvent)} e"
+        f" WHERE e.run_id = %s AND e.kind IN ({sql.placeholders(len(FACT_KINDS))}) ORDER BY e.id"
+    )
+    return text, shape
+
+
+def _fact_payloads(run_id: Any) -> list[Any]:
+    """The run's owners' facts as logged, oldest first."""
+    text, shape = _fact_payloads_sql()
+    rows = sql.fetch(text, [sql.value(RunEvent, "run", run_id), *FACT_KINDS])
+    return [shape.values(row)[0] for row in rows]
 
 
 def decision_entry(
@@ -350,7 +405,7 @@ def settlement_row(
     existing = None if known_absent else Settlement.objects.filter(run=run).first()
     if existing is not None:
         return existing, False
-    row = Settlement.objects.create(
+    row = Settlement(
         run=run,
         outcome=settlement.outcome.value,
         reason_code=settlement.reason_code.value,
@@ -358,6 +413,7 @@ def settlement_row(
         unknown_effects=list(settlement.unknown_effects),
         settled_at=now,
     )
+    sql.insert([row])
     run.status, run.phase = Run.Status.SETTLED, "settled"
     events.append(
         new_event(

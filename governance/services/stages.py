@@ -16,6 +16,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -46,12 +47,17 @@ from governance.rules.refusal import (
 )
 from governance.rules.turns import StageConclusion
 from governance.services import callbacks
+from governance.services import statements as sql
 from governance.services.alerts import emit_notice
 from governance.services.broker import send_by_name, stage_queue
 from governance.services.budget import budget_view
 from governance.services.claims import lease
 from governance.services.events import facts_event
-from governance.services.health import apply_health_moves, provider_health
+from governance.services.health import (
+    apply_health_moves,
+    provider_health,
+    providers_with_health,
+)
 from governance.services.receipts import close_receipt_by_key
 from governance.services.refusals import (
     attempt_rows,
@@ -71,7 +77,7 @@ from governance.services.runs import (
     settlement_row,
 )
 from governance.services.stream import write_chunks
-from governance.services.threads import append_history, open_segment
+from governance.services.threads import accepted_messages, append_history, open_segment
 
 log = logging.getLogger(__name__)
 
@@ -149,25 +155,26 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
         return None
     run = stage.run
     if run.status == Run.Status.QUEUED:
-        Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(status=Run.Status.RUNNING)
+        sql.update(Run, {"id": run.id, "status": Run.Status.QUEUED}, status=Run.Status.RUNNING)
         run.status = Run.Status.RUNNING
     if stage.kind not in MODEL_STAGES or run.status == Run.Status.SETTLED:
         return StageStart(stage)
     # The thread row, locked by the claim, serialises the gate with the closes
     # that wake waiting turns.
-    in_flight = (
-        Stage.objects.filter(
-            run__thread_id=run.thread_id,
-            kind__in=MODEL_STAGES,
-            finished_at__isnull=True,
-            lease_until__gt=now,  # held, or woken and on its way
+    in_flight = bool(
+        sql.fetch(
+            _other_turn_sql(),
+            [
+                sql.value(Run, "thread", run.thread_id),
+                *MODEL_STAGES,
+                sql.value(Stage, "lease_until", now),
+                stage.id,
+            ],
         )
-        .exclude(id=stage.id)
-        .exists()
     )
     if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
-        Stage.objects.filter(id=stage.id).update(
-            claimed_at=None, holder="", lease_until=None, parked_at=now
+        sql.update(
+            Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
         )
         stage.holder, stage.parked_at = "", now
         return StageStart(stage, waiting=True)
@@ -175,6 +182,16 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
         # What the turn reads, in the claim's transaction (one commit fewer).
         return StageStart(stage, context=turn_context(run, stage.seq, now))
     return StageStart(stage)
+
+
+@cache
+def _other_turn_sql() -> str:
+    """Another model turn of the thread held, or woken and on its way (its lease)."""
+    return (
+        f"SELECT 1 FROM {sql.table(Stage)} s JOIN {sql.table(Run)} r ON r.id = s.run_id"
+        f" WHERE r.thread_id = %s AND s.kind IN ({sql.placeholders(len(MODEL_STAGES))})"
+        " AND s.finished_at IS NULL AND s.lease_until > %s AND s.id <> %s LIMIT 1"
+    )
 
 
 def give_up_claim(stage: Stage, now: datetime) -> None:
@@ -198,22 +215,24 @@ def wake_next_turn(thread_id: Any, now: datetime, *, thread_locked: bool = False
     The thread row is locked first (``thread_locked``: the close holds it)."""
     if not thread_locked:
         Thread.objects.select_for_update().filter(pk=thread_id).first()
-    waiting = (
-        Stage.objects.filter(
-            run__thread_id=thread_id,
-            kind__in=MODEL_STAGES,
-            finished_at__isnull=True,
-            parked_at__isnull=False,
-        )
-        .order_by("parked_at", "id")
-        .values_list("id", "kind")
-        .first()
-    )
-    if waiting is None:
+    found = sql.fetch(_waiting_turn_sql(), [sql.value(Run, "thread", thread_id), *MODEL_STAGES])
+    if not found:
         return None
-    Stage.objects.filter(id=waiting[0]).update(parked_at=None, lease_until=now + lease())
+    waiting = found[0]
+    sql.update(Stage, {"id": waiting[0]}, parked_at=None, lease_until=now + lease())
     publish([waiting])
     return waiting[0]
+
+
+@cache
+def _waiting_turn_sql() -> str:
+    """The thread's oldest model turn parked behind the one in flight."""
+    return (
+        f"SELECT s.id, s.kind FROM {sql.table(Stage)} s JOIN {sql.table(Run)} r ON r.id = s.run_id"
+        f" WHERE r.thread_id = %s AND s.kind IN ({sql.placeholders(len(MODEL_STAGES))})"
+        " AND s.finished_at IS NULL AND s.parked_at IS NOT NULL"
+        " ORDER BY s.parked_at, s.id LIMIT 1"
+    )
 
 
 # --------------------------------------------------------------------------- gather
@@ -240,23 +259,8 @@ def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
     with transaction.atomic(savepoint=False):
         # One open segment per thread: the run's, unless a boundary closed it.
         segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
-        history = [
-            {
-                "role": role,
-                "content": content,
-                "tool_call_id": tool_call_id,
-                "tool_calls": tool_calls,
-            }
-            for role, content, tool_call_id, tool_calls in segment.session.history.order_by(
-                "seq"
-            ).values_list("role", "content", "tool_call_id", "tool_calls")
-        ]
-        providers = {
-            p.provider_id: p
-            for p in Provider.objects.filter(
-                provider_id__in=run.thread.provider_chain
-            ).select_related("health")
-        }
+        history = accepted_messages(segment.session_id)
+        providers = providers_with_health(run.thread.provider_chain)
         rows = {p.pk: _health_row(p) for p in providers.values()}
         verdicts = {}
         for provider in providers.values():
@@ -368,7 +372,8 @@ def _last_turn_increment(run: Run, stage: Stage | None) -> list[dict[str, Any]]:
 
 
 def _hold(stage: Stage | None, run: Run) -> Run:
-    """Lock the run (and the stage) for the close; returns the run's current row.
+    """Lock the run (and the stage) for the close; returns the run's current row
+    (the fields a close reads: decisions, phase, status, last progress).
 
     Fencing: only the holder of the current claim may close the stage. A
     worker that was taken over while it waited on a provider (its heartbeat
@@ -378,15 +383,24 @@ def _hold(stage: Stage | None, run: Run) -> Run:
     if stage is None:
         return Run.objects.select_for_update().get(id=run.id)
     # The thread is locked too: a model turn's close wakes the next turn (wake_next_turn).
-    held = (
-        Stage.objects.select_for_update(of=("self", "run", "run__thread"))
-        .select_related("run", "run__thread")
-        .filter(id=stage.id, finished_at__isnull=True, holder=stage.holder)
-        .first()
-    )
-    if held is None:
+    text, shape = _hold_sql()
+    rows = sql.fetch(text, [stage.id, stage.holder])
+    if not rows:
         raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
-    return held.run
+    return shape.load(rows[0])
+
+
+@cache
+def _hold_sql() -> tuple[str, sql.Columns]:
+    shape = sql.Columns(Run, "r", only=("id", "decisions", "phase", "status", "last_progress_at"))
+    text = (
+        f"SELECT {shape.sql} FROM {sql.table(Stage)} s"
+        f" JOIN {sql.table(Run)} r ON r.id = s.run_id"
+        f" JOIN {sql.table(Thread)} t ON t.id = r.thread_id"
+        f" WHERE s.id = %s AND s.finished_at IS NULL AND s.holder = %s"
+        f"{sql.lock_clause('s', 'r', 't')}"
+    )
+    return text, shape
 
 
 def close_stage(
@@ -443,7 +457,9 @@ def close_stage(
         if stage is not None:
             stage.finished_at = now
             clocks = stage_clock_values(run, stage, now, progress)
-            Stage.objects.filter(id=stage.id).update(
+            sql.update(
+                Stage,
+                {"id": stage.id},
                 finished_at=now,
                 outcome=conclusion.outcome,
                 timeout_name=conclusion.timeout_name,
@@ -482,8 +498,10 @@ def close_stage(
                     callbacks.publish(callback.id)
                 if decision.critical_alert:
                     closed.critical_alert = _no_provider_alert(run, decision, segment, now)
-        RunEvent.objects.bulk_create(events)
-        Run.objects.filter(id=run.id).update(
+        sql.insert(events)
+        sql.update(
+            Run,
+            {"id": run.id},
             last_progress_at=run.last_progress_at,
             decisions=run.decisions,
             phase=run.phase,

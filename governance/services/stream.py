@@ -20,6 +20,7 @@ from governance.models import BodyChunk, Run, RunEvent, RunViewer, Settlement
 from governance.rules import connection as conn
 from governance.rules import publication as pub
 from governance.rules.turns import ChunkCommit
+from governance.services import statements as sql
 from governance.services.errors import ServiceError
 from governance.services.events import new_event
 
@@ -209,7 +210,7 @@ def write_chunks(
 ) -> list[BodyChunk]:
     """Write committed chunks and their stream events (appended to ``events``
     when the caller writes its events in one insert)."""
-    created = BodyChunk.objects.bulk_create(
+    created = [
         BodyChunk(
             run=run,
             chunk_no=c.chunk_no,
@@ -220,7 +221,8 @@ def write_chunks(
             committed_at=now,
         )
         for c in commits
-    )
+    ]
+    sql.insert(created)
     chunk_events = [
         new_event(
             run,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +20,7 @@ from governance.models import (
 )
 from governance.rules import segments as segment_rules
 from governance.services import alerts as services_alerts
+from governance.services import statements as sql
 from governance.services import tool_servers
 from governance.services.audit import audit
 from governance.services.errors import BoundaryConflict, ServiceError
@@ -309,6 +311,22 @@ def boundary_for_key(idempotency_key: str) -> Segment | None:
     return _boundary_done(f"boundary:{idempotency_key}") if idempotency_key else None
 
 
+def accepted_messages(session_id: Any) -> list[dict[str, Any]]:
+    """A session's accepted history in order, as the messages a turn replays (R1.1)."""
+    shape = _message_columns()
+    rows = sql.fetch(
+        f"SELECT {shape.sql} FROM {sql.table(HistoryItem)} h WHERE h.session_id = %s"
+        " ORDER BY h.seq",
+        [sql.value(HistoryItem, "session", session_id)],
+    )
+    return [dict(zip(shape.attnames, shape.values(row), strict=True)) for row in rows]
+
+
+@cache
+def _message_columns() -> sql.Columns:
+    return sql.Columns(HistoryItem, "h", only=("role", "content", "tool_call_id", "tool_calls"))
+
+
 def session_history(session: ThreadSession) -> list[HistoryItem]:
     return list(session.history.order_by("seq"))
 
@@ -342,4 +360,4 @@ def append_history(
                 accepted_at=now,
             )
         )
-    HistoryItem.objects.bulk_create(rows)
+    sql.insert(rows)

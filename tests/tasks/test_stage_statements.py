@@ -43,8 +43,9 @@ def test_a_single_turn_run_costs_three_worker_transactions_and_one_web_transacti
     assert web.count("COMMIT") == 1 and worker.count("COMMIT") == 3, (web, worker)
     # The run, its budget account and its first stage, after one read of the segment.
     assert len(web) <= 6, submitted.captured_queries
-    # Claim with the turn's facts (10), the ledger's admission (5), the close (13).
-    assert len(worker) <= 28, "\n".join(q["sql"][:120] for q in executed.captured_queries)
+    # Claim with the turn's facts (10), the ledger's admission (4: the account
+    # locked and its entries read in one statement), the close (13).
+    assert len(worker) <= 27, "\n".join(q["sql"][:120] for q in executed.captured_queries)
 
 
 def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key(

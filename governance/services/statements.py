@@ -1,0 +1,182 @@
+"""The stage path's statements, without the ORM's compile on every call.
+
+Django builds a statement's SQL anew each time a queryset runs: measured on a
+single-turn stage, that compile and the model building around it were about
+0.5 ms of CPU per statement, most of the stage's cost (bench/throughput.py).
+The statements here keep their SQL text per process, so PostgreSQL also gets
+the same text every time and runs it as a prepared statement.
+
+They stay the models' statements: column names, value preparation
+(``get_db_prep_save``, ``pre_save``) and result conversion (the backend's and
+the field's converters) come from the model fields, so the same code runs on
+PostgreSQL and SQLite (``make run``'s embedded default) and a model change
+reaches them. Only equality and ``IS NULL`` conditions are offered: anything
+richer is a hand-written SELECT loaded with :class:`Columns`, or the ORM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any
+
+from django.db import connection
+from django.db.models import AutoField, BigAutoField, Field, Model, SmallAutoField
+from django.db.models.fields.related_descriptors import ReverseOneToOneDescriptor
+
+Row = tuple[Any, ...]
+_AUTO = (AutoField, BigAutoField, SmallAutoField)
+
+
+def quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def table(model: type[Model]) -> str:
+    return quote(model._meta.db_table)
+
+
+def placeholders(count: int) -> str:
+    """``%s, %s, …`` for an IN list of ``count`` values."""
+    return ", ".join(["%s"] * count)
+
+
+def lock_clause(*aliases: str) -> str:
+    """``FOR UPDATE OF …`` where the database locks rows (SQLite locks the whole
+    file for a write, as Django's ``select_for_update`` leaves it there too)."""
+    if not connection.features.has_select_for_update:
+        return ""
+    if aliases and connection.features.has_select_for_update_of:
+        return " FOR UPDATE OF " + ", ".join(aliases)
+    return " FOR UPDATE"
+
+
+def fetch(sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def execute(sql: str, params: Sequence[Any] = ()) -> int:
+    """Run a statement; the number of rows it changed."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def field(model: type[Model], name: str) -> Field:
+    return model._meta.get_field(name)
+
+
+def value(model: type[Model], name: str, raw: Any) -> Any:
+    """A value for comparing with the column ``name`` (a lookup's preparation)."""
+    return field(model, name).get_db_prep_value(raw, connection, prepared=False)
+
+
+class Columns:
+    """One model's columns in a hand-written SELECT, and how to load them."""
+
+    def __init__(self, model: type[Model], alias: str, only: Iterable[str] | None = None):
+        wanted = None if only is None else set(only)
+        self.model, self.alias = model, alias
+        self.fields = tuple(
+            f
+            for f in model._meta.concrete_fields
+            if wanted is None or f.name in wanted or f.attname in wanted
+        )
+        self.attnames = [f.attname for f in self.fields]
+        self.width = len(self.fields)
+        self.pk_index = next((i for i, f in enumerate(self.fields) if f.primary_key), None)
+        self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in self.fields)
+        self.converters = []
+        for index, model_field in enumerate(self.fields):
+            column = model_field.get_col(alias)
+            # The compiler's order: the backend's converters, then the field's.
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found:
+                self.converters.append((index, column, found))
+
+    def values(self, row: Row, start: int = 0) -> list[Any]:
+        values = list(row[start : start + self.width])
+        for index, column, converters in self.converters:
+            converted = values[index]
+            for convert in converters:
+                converted = convert(converted, column, connection)
+            values[index] = converted
+        return values
+
+    def load(self, row: Row, start: int = 0) -> Model | None:
+        """The instance in ``row`` from ``start``; None for an outer join's empty side."""
+        if self.pk_index is not None and row[start + self.pk_index] is None:
+            return None
+        return self.model.from_db(connection.alias, self.attnames, self.values(row, start))
+
+
+@cache
+def columns(model: type[Model], alias: str) -> Columns:
+    """All of a model's columns under ``alias`` (built once per process)."""
+    return Columns(model, alias)
+
+
+def cache_related(instance: Model, name: str, related: Model | None) -> None:
+    """Set what ``instance.<name>`` answers without a query: a forward relation,
+    or a reverse one-to-one (None then raises DoesNotExist, as a missing row does)."""
+    descriptor = getattr(type(instance), name)
+    if isinstance(descriptor, ReverseOneToOneDescriptor):
+        descriptor.related.set_cached_value(instance, related)
+    else:
+        descriptor.field.set_cached_value(instance, related)
+
+
+def insert(rows: Sequence[Model]) -> None:
+    """INSERT new instances of one model in one statement, as ``bulk_create``
+    would (``pre_save`` fills auto_now fields; an auto primary key comes back)."""
+    if not rows:
+        return
+    model = type(rows[0])
+    meta = model._meta
+    auto = isinstance(meta.pk, _AUTO) and getattr(rows[0], meta.pk.attname) is None
+    fields = [f for f in meta.concrete_fields if not (auto and f.primary_key)]
+    sql = _insert_sql(model, tuple(f.attname for f in fields), len(rows), auto)
+    params = [
+        f.get_db_prep_save(f.pre_save(row, add=True), connection) for row in rows for f in fields
+    ]
+    if not auto:
+        execute(sql, params)
+    else:
+        for row, (pk,) in zip(rows, fetch(sql, params), strict=True):
+            setattr(row, meta.pk.attname, pk)
+    for row in rows:
+        row._state.adding, row._state.db = False, connection.alias
+
+
+@cache
+def _insert_sql(model: type[Model], attnames: tuple[str, ...], count: int, returning: bool) -> str:
+    meta = model._meta
+    names = ", ".join(quote(meta.get_field(a).column) for a in attnames)
+    group = f"({placeholders(len(attnames))})"
+    sql = f"INSERT INTO {table(model)} ({names}) VALUES {', '.join([group] * count)}"
+    return sql + (f" RETURNING {quote(meta.pk.column)}" if returning else "")
+
+
+def update(model: type[Model], where: Mapping[str, Any], **values: Any) -> int:
+    """UPDATE the rows matching ``where`` (equality; None means IS NULL) and
+    say how many changed, as ``QuerySet.update`` does."""
+    sql = _update_sql(model, tuple(values), tuple((k, v is None) for k, v in where.items()))
+    params = [field(model, k).get_db_prep_save(v, connection) for k, v in values.items()]
+    params += [value(model, k, v) for k, v in where.items() if v is not None]
+    return execute(sql, params)
+
+
+@cache
+def _update_sql(
+    model: type[Model], names: tuple[str, ...], where: tuple[tuple[str, bool], ...]
+) -> str:
+    def column(name: str) -> str:
+        return quote(field(model, name).column)
+
+    sets = ", ".join(f"{column(n)} = %s" for n in names)
+    conditions = " AND ".join(
+        f"{column(n)} IS NULL" if null else f"{column(n)} = %s" for n, null in where
+    )
+    return f"UPDATE {table(model)} SET {sets} WHERE {conditions}"

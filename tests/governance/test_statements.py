@@ -1,0 +1,172 @@
+"""The stage path's hand-written statements read and write what the ORM would
+(governance/services/statements.py), on PostgreSQL here and on SQLite (the
+embedded default of ``make run``) in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.forms.models import model_to_dict
+
+from governance import time_source
+from governance.models import (
+    BodyChunk,
+    Provider,
+    ProviderHealthState,
+    Run,
+    RunEvent,
+    Stage,
+    Thread,
+)
+from governance.services import runs, threads
+from governance.services import statements as sql
+from governance.services.health import providers_with_health
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.django_db
+
+
+def _run() -> tuple[Run, Stage]:
+    Provider.objects.get_or_create(
+        provider_id="stmt", defaults={"kind": "scripted", "model": "m", "script": {}}
+    )
+    thread = threads.create_thread(provider_chain=["stmt"], now=time_source.now())
+    run, stage, _ = runs.submit_run(
+        thread, input="hello", now=time_source.now(), limits={"model_requests": 3}
+    )
+    return run, stage
+
+
+def _fields(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_columns_load_what_the_orm_loads():
+    run, stage = _run()
+    shape = sql.columns(Run, "r")
+    rows = sql.fetch(f"SELECT {shape.sql} FROM {sql.table(Run)} r WHERE r.id = %s", [run.id])
+    loaded = shape.load(rows[0])
+    assert _fields(loaded) == _fields(Run.objects.get(id=run.id))
+    assert isinstance(loaded.decisions, list) and isinstance(loaded.authorization, dict)
+    assert loaded._state.adding is False
+
+
+def test_columns_load_none_for_an_outer_joins_missing_side():
+    provider = Provider.objects.create(provider_id="lonely", kind="scripted", model="m")
+    found = providers_with_health(["lonely"])
+    with pytest.raises(ProviderHealthState.DoesNotExist):
+        found["lonely"].health  # noqa: B018 - the access is the assertion
+    ProviderHealthState.objects.create(provider=provider, consecutive_failures=2)
+    found = providers_with_health(["lonely"])
+    assert found["lonely"].health.consecutive_failures == 2
+
+
+def test_insert_writes_the_row_the_orm_writes_and_returns_its_key():
+    run, _stage = _run()
+    now = time_source.now()
+    mine = BodyChunk(run=run, chunk_no=1, version=1, text="é ☃", final=True, generated_at=now)
+    theirs = BodyChunk(run=run, chunk_no=2, version=1, text="é ☃", final=True, generated_at=now)
+    sql.insert([mine])
+    BodyChunk.objects.bulk_create([theirs])
+    assert mine.pk is not None and mine._state.adding is False
+    stored = {c.chunk_no: model_to_dict(c, exclude=["id", "chunk_no"]) for c in run.chunks.all()}
+    assert stored[1] == stored[2]
+
+
+def test_insert_of_several_rows_keeps_their_order_and_json():
+    run, stage = _run()
+    now = time_source.now()
+    events = [
+        RunEvent(run=run, segment=run.segment, stage=stage, kind="x", at=now, metadata={"n": n})
+        for n in range(3)
+    ]
+    sql.insert(events)
+    assert [e.pk for e in events] == sorted(e.pk for e in events)
+    stored = RunEvent.objects.filter(pk__in=[e.pk for e in events]).order_by("id")
+    assert [e.metadata for e in stored] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_update_matches_on_equality_and_null_and_counts_rows():
+    _run_row, stage = _run()
+    now = time_source.now()
+    assert sql.update(Stage, {"id": stage.id, "finished_at": None}, outcome="x", clocks={"a": 1})
+    assert not sql.update(Stage, {"id": stage.id, "outcome": "y"}, detail="never")
+    assert sql.update(Stage, {"id": stage.id}, finished_at=now) == 1
+    assert sql.update(Stage, {"id": stage.id, "finished_at": None}, outcome="z") == 0
+    stage.refresh_from_db()
+    assert (stage.outcome, stage.clocks, stage.detail) == ("x", {"a": 1}, "")
+    assert stage.finished_at == now
+
+
+def test_lock_clause_names_the_locked_tables_on_postgresql():
+    assert sql.lock_clause("s", "t") == " FOR UPDATE OF s, t"
+
+
+def test_a_claim_loads_the_stage_with_its_run_thread_segment_and_session(
+    django_assert_num_queries,
+):
+    run, stage = _run()
+    claimed = runs.claim_stage(stage.id, time_source.now(), lease=timedelta(seconds=30))
+    with django_assert_num_queries(0):  # everything came with the claim
+        assert claimed.run.id == run.id
+        assert claimed.run.thread.provider_chain == ["stmt"]
+        assert claimed.run.segment.session.id == run.segment.session_id
+        assert claimed.run.segment.thread.id == run.thread_id
+    assert _fields(claimed.run) == _fields(Run.objects.get(id=run.id))
+    assert Thread.objects.get(id=run.thread_id).provider_chain == ["stmt"]
+
+
+SQLITE_RUN = textwrap.dedent(
+    """
+    import django
+    django.setup()
+    from django.core.management import call_command
+    call_command("migrate", verbosity=0)
+    from governance import time_source
+    from governance.models import BudgetEntry, HistoryItem, ProviderAttempt, Provider, Run
+    from governance.services import runs, threads
+    from governance.services import stages as stage_service
+    from tasks.stages import run_stage
+    stage_service.publish = lambda *a, **k: None
+    script = {"default": {"answer": {"text": "The answer is 42.", "chunks": 1}}}
+    Provider.objects.create(provider_id="lite", kind="scripted", model="m", script=script)
+    for n in range(2):  # the second run finds the provider's health row
+        thread = threads.create_thread(provider_chain=["lite"], now=time_source.now())
+        run, stage, _ = runs.submit_run(thread, input="six times seven?", now=time_source.now())
+        assert run_stage(stage.id) == "accepted"
+    run = Run.objects.get(id=run.id)
+    assert run.status == "settled" and run.settlement.outcome == "completed", run.status
+    history = list(HistoryItem.objects.filter(session=run.segment.session).order_by("seq"))
+    assert [(h.seq, h.role) for h in history] == [(1, "user"), (2, "assistant")], history
+    assert run.chunks.get().text == "The answer is 42."
+    assert ProviderAttempt.objects.filter(run=run, result="accepted").count() == 1
+    assert BudgetEntry.objects.filter(account__run=run).count() == 1
+    print("sqlite run settled")
+    """
+)
+
+
+def test_a_single_turn_run_settles_on_sqlite_the_embedded_default(tmp_path: Path):
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "GOVERNANCE_VAR_DIR": str(tmp_path / "var"),
+        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        "LOG_LEVEL": "WARNING",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SQLITE_RUN],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sqlite run settled" in done.stdout
