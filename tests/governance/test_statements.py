@@ -48,7 +48,7 @@ def _fields(instance) -> dict:
 
 
 def test_columns_load_what_the_orm_loads():
-    run, stage = _run()
+    run, _stage = _run()
     shape = sql.columns(Run, "r")
     rows = sql.fetch(f"SELECT {shape.sql} FROM {sql.table(Run)} r WHERE r.id = %s", [run.id])
     loaded = shape.load(rows[0])
