@@ -576,12 +576,14 @@ def stream_http(
                 parser.on_json_body(load_json(response.read().decode("utf-8", "replace")), attempt)
                 attempt.done = True
                 return
-            for item in iter_sse(response.iter_lines()):
+            lines = response.iter_lines()
+            for item in iter_sse(lines):
                 if item.comment:
                     rec.emit("heartbeat", item.data)
                 else:
                     parser.on_event(item, attempt)
                 if attempt.done:
+                    _finish_arrived_body(response, lines)
                     break
                 if (name := rec.limit_hit()) is not None:
                     attempt.cut(name)
@@ -614,6 +616,18 @@ def stream_http(
     finally:
         if transport is None:
             client.close()
+
+
+def _finish_arrived_body(response: httpx.Response, lines: Iterator[str]) -> None:
+    """The answer is complete. When the whole body has already arrived (its
+    Content-Length is in), read its end, so the kept-alive connection goes
+    back to the pool instead of being closed: otherwise every attempt pays a
+    new connection (and a TLS handshake). Never waits on the network: a
+    chunked stream, whose end may still be on its way, is left as it was."""
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and response.num_bytes_downloaded >= int(length):
+        for _rest in lines:
+            pass
 
 
 def base_headers(idempotency_key: str | None) -> dict[str, str]:

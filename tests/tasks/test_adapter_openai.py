@@ -4,8 +4,10 @@ Chat Completions streaming wire format (R2.1, R2.2, R2.4, R6.1, R6.2)."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
+import httpx
 import pytest
 
 from tasks.adapters import INVALID_ARGUMENTS_KEY, AdjustableClock, call_provider
@@ -89,6 +91,45 @@ def error_body(code, message="nope", kind="invalid_request_error") -> dict:
 
 
 # --------------------------------------------------------------------------- success
+
+
+def _answer_chunks() -> list[bytes]:
+    return [chunk({"role": "assistant", "content": "Hi"}), chunk({}, finish="stop"), DONE]
+
+
+def test_a_finished_answer_whose_body_has_arrived_keeps_the_connection_for_the_next(wire):
+    """A stream sent with a Content-Length ends with [DONE]: its end is read, so a
+    shared transport sends the next attempt on the same connection."""
+    wire.reply(Reply(body=b"".join(_answer_chunks())))
+    transport = httpx.HTTPTransport(retries=0)
+    try:
+        for _ in range(3):
+            response = call_provider(
+                config(wire.url), user("hello"), limits=LIMITS,
+                clock=AdjustableClock(start()), transport=transport,
+            )  # fmt: skip
+            assert response.text == "Hi" and response.error == ""
+    finally:
+        transport.close()
+    assert len(wire.received) == 3
+    assert wire.connections == 1
+
+
+def test_a_finished_answer_never_waits_for_a_chunked_stream_to_end(wire):
+    """After [DONE] a chunked stream that keeps writing is not read to its end:
+    the answer is complete, and that connection is given up instead."""
+    wire.reply(Reply(chunks=_answer_chunks(), repeat=KEEP_ALIVE, delay_s=0.05, repeat_max=400))
+    transport = httpx.HTTPTransport(retries=0)
+    began = time.monotonic()
+    try:
+        response = call_provider(
+            config(wire.url), user("hello"), limits=LIMITS,
+            clock=AdjustableClock(start()), transport=transport,
+        )  # fmt: skip
+    finally:
+        transport.close()
+    assert response.text == "Hi" and response.error == "" and response.finish_reason == "stop"
+    assert time.monotonic() - began < 10  # the server goes on for 20 s
 
 
 def test_r2_1_openai_streamed_answer_with_usage_is_a_success(wire):

@@ -133,6 +133,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     wire: WireServer
+    connections = 0  # TCP connections accepted (kept-alive ones count once)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hung up (the tests cut streams on purpose) is not news.
@@ -151,6 +156,10 @@ class WireServer:
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
         )
+
+    @property
+    def connections(self) -> int:
+        return self._server.connections
 
     @property
     def url(self) -> str:
