@@ -84,13 +84,18 @@ def refusal_of(row: SegmentRefusal) -> ProviderRefusal:
 
 
 def segment_refusals(segment: Segment) -> dict[str, ProviderRefusal]:
-    """R3.2 state of a segment, from the fast-read rows kept with the cards."""
-    shape = sql.columns(SegmentRefusal, "f")
-    rows = sql.fetch(
-        f"SELECT {shape.sql} FROM {sql.table(SegmentRefusal)} f WHERE f.segment_id = %s",
-        [segment.id],
-    )
-    return {row.provider_id: refusal_of(row) for row in map(shape.load, rows)}
+    """R3.2 state of a segment, from the fast-read rows kept with the cards
+    (the rows a page prefetched with ``prefetch_related("refusals")``, if any)."""
+    if "refusals" in getattr(segment, "_prefetched_objects_cache", {}):
+        rows = segment.refusals.all()
+    else:
+        shape = sql.columns(SegmentRefusal, "f")
+        found = sql.fetch(
+            f"SELECT {shape.sql} FROM {sql.table(SegmentRefusal)} f WHERE f.segment_id = %s",
+            [segment.id],
+        )
+        rows = [shape.load(row) for row in found]
+    return {row.provider_id: refusal_of(row) for row in rows}
 
 
 def record_turn(

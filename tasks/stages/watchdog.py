@@ -13,6 +13,7 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 
 from governance import time_source
 from governance.rules import lifecycle as lc
@@ -31,6 +32,12 @@ def watchdog_pass() -> dict[str, int]:
     for watched in stage_service.unsettled_runs(now, resend_after=resend_after):
         try:
             _watch(watched, now, done)
+        except DatabaseError:
+            # The database failed under this run (a deadlock with a closing
+            # stage, a lost connection), not the run's values: nothing is
+            # concluded, and the next pass looks at it again.
+            log.warning("clock watchdog: run %s: the database failed; next pass", watched.run.id)
+            close_old_connections()
         except Exception as exc:  # this run's own values; the others are still watched
             log.exception("clock watchdog: run %s", watched.run.id)
             words = f"{type(exc).__name__}: {exc}"[:500]

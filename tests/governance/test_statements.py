@@ -48,6 +48,7 @@ def _fields(instance) -> dict:
 
 
 def test_columns_load_what_the_orm_loads():
+    """R6.3: the close reads the run's decisions and phase as the ORM would."""
     run, _stage = _run()
     shape = sql.columns(Run, "r")
     rows = sql.fetch(f"SELECT {shape.sql} FROM {sql.table(Run)} r WHERE r.id = %s", [run.id])
@@ -58,6 +59,7 @@ def test_columns_load_what_the_orm_loads():
 
 
 def test_columns_load_none_for_an_outer_joins_missing_side():
+    """R2.2: a provider with no breaker row yet reads as one without failures."""
     provider = Provider.objects.create(provider_id="lonely", kind="scripted", model="m")
     found = providers_with_health(["lonely"])
     with pytest.raises(ProviderHealthState.DoesNotExist):
@@ -68,6 +70,7 @@ def test_columns_load_none_for_an_outer_joins_missing_side():
 
 
 def test_insert_writes_the_row_the_orm_writes_and_returns_its_key():
+    """R7.2: a committed chunk is stored as the ORM stores it."""
     run, _stage = _run()
     now = time_source.now()
     mine = BodyChunk(run=run, chunk_no=1, version=1, text="é ☃", final=True, generated_at=now)
@@ -80,6 +83,7 @@ def test_insert_writes_the_row_the_orm_writes_and_returns_its_key():
 
 
 def test_insert_of_several_rows_keeps_their_order_and_json():
+    """R6.3: a close's events keep their order (the facts are read back in it)."""
     run, stage = _run()
     now = time_source.now()
     events = [
@@ -93,6 +97,7 @@ def test_insert_of_several_rows_keeps_their_order_and_json():
 
 
 def test_update_matches_on_equality_and_null_and_counts_rows():
+    """R6.6: a stage is finished once (``finished_at IS NULL`` guards the write)."""
     _run_row, stage = _run()
     now = time_source.now()
     assert sql.update(Stage, {"id": stage.id, "finished_at": None}, outcome="x", clocks={"a": 1})
@@ -105,12 +110,14 @@ def test_update_matches_on_equality_and_null_and_counts_rows():
 
 
 def test_lock_clause_names_the_locked_tables_on_postgresql():
+    """R6.6: the claim and the close lock their rows by name."""
     assert sql.lock_clause("s", "t") == " FOR UPDATE OF s, t"
 
 
 def test_a_claim_loads_the_stage_with_its_run_thread_segment_and_session(
     django_assert_num_queries,
 ):
+    """R6.6: the claim reads what the turn needs with the lock, in one statement."""
     run, stage = _run()
     claimed = runs.claim_stage(stage.id, time_source.now(), lease=timedelta(seconds=30))
     with django_assert_num_queries(0):  # everything came with the claim
@@ -153,8 +160,11 @@ SQLITE_RUN = textwrap.dedent(
 
 
 def test_a_single_turn_run_settles_on_sqlite_the_embedded_default(tmp_path: Path):
+    """R5.1, R6.5: one turn admitted from the ledger and settled once, on SQLite."""
+    # The embedded defaults throughout: no Redis (its queues belong to the suite).
+    inherited = ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in inherited},
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "GOVERNANCE_VAR_DIR": str(tmp_path / "var"),
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",

@@ -98,6 +98,36 @@ def test_a_run_whose_stored_limits_break_the_clock_rule_does_not_stop_the_watchd
     assert not Stage.objects.filter(run__in=[bad, late], finished_at__isnull=True).exists()
 
 
+def test_r6_1_a_database_failure_under_one_run_is_not_that_runs_fact(
+    thread, manual_clock, monkeypatch
+):
+    """A deadlock with a closing stage (or a lost connection) while the watchdog
+    records a breach says nothing about the run's values: the run is not
+    settled as unwatchable, the pass goes on, and the next pass decides it."""
+    from django.db import OperationalError
+
+    from governance.services import stages as stage_service
+
+    first, _s1, _ = services.submit_run(thread, input="first", now=manual_clock(), deadline_s=60)
+    second, _s2, _ = services.submit_run(thread, input="second", now=manual_clock(), deadline_s=60)
+    manual_clock.advance(seconds=61)
+    record_breach = stage_service.record_breach
+
+    def deadlocked_once(run, conclusion, now):
+        if run.id == first.id and not deadlocked_once.raised:
+            deadlocked_once.raised = True
+            raise OperationalError("deadlock detected")
+        return record_breach(run, conclusion, now)
+
+    deadlocked_once.raised = False
+    monkeypatch.setattr(stage_service, "record_breach", deadlocked_once)
+    assert watchdog_pass() == {"breached": 1, "republished": 0, "unwatchable": 0}
+    assert not Run.objects.filter(id=first.id, status=Run.Status.SETTLED).exists()
+    assert Run.objects.get(id=second.id).settlement.reason_code == "deadline_exceeded"
+    assert watchdog_pass()["breached"] == 1
+    assert Run.objects.get(id=first.id).settlement.reason_code == "deadline_exceeded"
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
