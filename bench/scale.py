@@ -26,7 +26,9 @@ with a connection limit, and a Redis database number it flushes
 (``BENCH_SCALE_REDIS_URL``, default redis://127.0.0.1:6379/10).
 
 Run: .venv/bin/python bench/scale.py [--small | --fraction F] [--repeat N] [--keep]
-[--json] (``--small``: a twentieth of the data, for a quick look). Exit 0 whatever the
+[--reuse] [--json] (``--small``: a twentieth of the data, for a quick look; ``--reuse``:
+time the pages again on the database a ``--keep`` run left, without filling it —
+the migrations written since are applied, the database kept). Exit 0 whatever the
 figures; 1 when the system did not start or the data could not be written.
 """
 
@@ -932,6 +934,58 @@ class System:
         self.budget = answer["budget"]
         return answer["providers"]
 
+    def reuse(self) -> dict:
+        """``--reuse``: the database a ``--keep`` run left, as it is — its role gets a
+        new password, the migrations written since are applied, the administrator a
+        new session; the long-lived segment and the sample run are found again (as
+        the filler chose them: the segment with the most runs; the newest run
+        elsewhere)."""
+        for url, what in (
+            (self.database_url, "BENCH_SCALE_DATABASE_URL"),
+            (self.redis_url, "BENCH_SCALE_REDIS_URL"),
+        ):
+            if (urlsplit(url).hostname or "") not in LOOPBACK:
+                raise BenchError(1, f"{what} must point at a loopback address")
+        with self.admin_conn() as conn:
+            if not conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [self.db_name]
+            ).fetchone():
+                raise BenchError(1, f"--reuse: no database {self.db_name}; fill one with --keep")
+            conn.execute(f"ALTER ROLE \"{self.app_role}\" PASSWORD '{self.app_password}'")
+        self.flush_redis()
+        self.manage("migrate", "--noinput")
+        log(f"reusing database {self.db_name} (migrated)")
+        script = (
+            "import json\n"
+            "from django.conf import settings\n"
+            "from django.contrib.auth import get_user_model\n"
+            "from django.contrib.sessions.backends.db import SessionStore\n"
+            "user = get_user_model().objects.get(username='scale')\n"
+            "store = SessionStore()\n"
+            "store['_auth_user_id'] = str(user.pk)\n"
+            "store['_auth_user_backend'] = settings.AUTHENTICATION_BACKENDS[0]\n"
+            "store['_auth_user_hash'] = user.get_session_auth_hash()\n"
+            "store.create()\n"
+            "print(json.dumps({'session': store.session_key}))\n"
+        )
+        self.session = json.loads(self.manage("shell", "-c", script).strip().splitlines()[-1])[
+            "session"
+        ]
+        with psycopg.connect(self.database_url) as conn:
+            (long_segment,) = conn.execute(
+                "SELECT segment_id FROM governance_run GROUP BY 1 ORDER BY count(*) DESC LIMIT 1"
+            ).fetchone()
+            (sample_run,) = conn.execute(
+                "SELECT id FROM governance_run WHERE segment_id <> %s "
+                "ORDER BY created_at DESC LIMIT 1",
+                [long_segment],
+            ).fetchone()
+            counts = {
+                table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("governance_run", "governance_segment", "governance_providerattempt")
+            }
+        return {"long_segment": long_segment, "sample_run": str(sample_run), "counts": counts}
+
     def start_up(self) -> None:
         out = self.up_log.open("wb")
         self.up = subprocess.Popen(
@@ -1132,6 +1186,11 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=20, help="requests per page (default 20)")
     parser.add_argument("--keep", action="store_true", help="leave the database in place")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="time the pages on the database a --keep run left (no fill; kept again)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
     if not 1 <= args.repeat <= 1000:
@@ -1146,8 +1205,24 @@ def main() -> int:
         os.environ.get("BENCH_SCALE_DATABASE_URL", DEFAULT_DATABASE_URL),
         os.environ.get("BENCH_SCALE_REDIS_URL", DEFAULT_REDIS_URL),
     )
-    system.keep = args.keep
+    system.keep = args.keep or args.reuse
     try:
+        if args.reuse:
+            found = system.reuse()
+            counts = found.pop("counts")
+            sizes = {
+                "runs": counts["governance_run"],
+                "segments": counts["governance_segment"],
+                "attempts": counts["governance_providerattempt"],
+            }
+            system.start_up()
+            judged = system.wait_until_judged()
+            log(f"the beat judged every settled run's delivery in {judged:.0f} s")
+            results = measure(system, found, args.repeat)
+            report(results, sizes, counts)
+            if args.json:
+                print(json.dumps({"sizes": sizes, "counts": counts, "results": results}))
+            return 0
         provider_pks = system.prepare()
         began = time.monotonic()
         with psycopg.connect(system.database_url) as conn:
