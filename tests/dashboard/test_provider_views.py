@@ -345,3 +345,20 @@ def test_r8_2_a_disabled_alert_channel_is_visible_on_the_providers_page(client, 
     body = client.get(reverse("providers")).content.decode()
     assert "ops-hook" in body and "pager" in body
     assert "invalid routing key" in body
+
+
+def test_r2_3_the_counts_of_the_second_page_are_its_providers_own(client, oncall):
+    """The last day's attempts are counted for every provider at once, then shown on
+    each provider's page: none is lost or given to another."""
+    for i in range(27):
+        provider(f"p{i:02d}")
+    first, last = Provider.objects.get(provider_id="p00"), Provider.objects.get(provider_id="p26")
+    segment = thread("Paged", chain=["p00", "p26"]).segments.get()
+    attempts(first, segment, [("failed", "timeout", 2)], at=NOW - timedelta(hours=1))
+    attempts(last, segment, [("failed", "server_error", 3), ("accepted", "", 1)], at=NOW)
+    client.force_login(oncall)
+    page_one = client.get(reverse("providers")).content.decode()
+    page_two = client.get(reverse("providers"), {"page": 2}).content.decode()
+    assert "Last 24 h: 2 attempts, 0 accepted" in card(page_one, "p00")
+    assert "Last 24 h: 4 attempts, 1 accepted" in card(page_two, "p26")
+    assert "Last 24 h: 0 attempts" in card(page_two, "p25")
