@@ -15,7 +15,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.env import parse_duration
 from dashboard.permissions import MANAGE_PROVIDERS
@@ -168,18 +168,15 @@ def _page(
     default = services.reprobe_delays()
     for row in page_obj.object_list:
         provider = row.provider
-        if bad is not None and bad.provider.pk == provider.pk:
-            row.price_form = bad
-        elif may_price:
-            row.price_form = PriceForm(provider=provider)
-        else:
-            row.price_form = None
-        if bad_schedule is not None and bad_schedule.provider.pk == provider.pk:
-            row.schedule_form = bad_schedule
-        elif may_price:
-            row.schedule_form = ScheduleForm(provider=provider)
-        else:
-            row.schedule_form = None
+        # A form is drawn when it is opened (``provider_form``): two forms per provider
+        # were most of the page's rendering (bench/scale.py). Only a refused one is
+        # drawn here, open, with what was typed and why it was refused.
+        row.price_form = bad if bad is not None and bad.provider.pk == provider.pk else None
+        row.schedule_form = (
+            bad_schedule
+            if bad_schedule is not None and bad_schedule.provider.pk == provider.pk
+            else None
+        )
         row.schedule_words = queries_segments.schedule_words(
             provider.provider_id, None, services.schedule_choice(provider), default
         )
@@ -207,33 +204,54 @@ def providers(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
     """Issue 12: set a provider's prices per million tokens and their currency.
-    Empty means "no price": its requests then say so instead of costing 0."""
+    Empty means "no price": its requests then say so instead of costing 0.
+    GET: the form, filled with the prices as they stand."""
+    if request.method == "GET":
+        return _form(request, provider_id, PriceForm, "prices")
     return _change(request, provider_id, PriceForm, "prices", "bad", lambda f: f.changes())
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
     """Issue 12: a provider's own re-probe schedule (R3.2). A refusal under way keeps
-    the schedule it started under; the new one applies to refusals that start later."""
+    the schedule it started under; the new one applies to refusals that start later.
+    GET: the form, filled with the schedule as it stands."""
+    if request.method == "GET":
+        return _form(request, provider_id, ScheduleForm, "schedule")
     return _change(
         request, provider_id, ScheduleForm, "schedule", "bad_schedule",
         lambda f: {"refusal_schedule": f.schedule()},
     )  # fmt: skip
 
 
-def _change(request, provider_id: str, form_class, what: str, bad: str, changes) -> HttpResponse:
-    """One provider form posted: checked, written through the provider service
-    (audited), back to the providers page; a refusal shows on the form (400)."""
+def _provider_for_change(request: HttpRequest, provider_id: str, what: str) -> Provider:
     if not request.user.has_perm(MANAGE_PROVIDERS):
         raise PermissionDenied(f"changing a provider's {what} needs the change_provider permission")
     provider = Provider.objects.filter(provider_id=provider_id).first()
     if provider is None:
         raise Http404("no such provider")
+    return provider
+
+
+def _form(request: HttpRequest, provider_id: str, form_class, what: str) -> HttpResponse:
+    """A provider form as it opens on the providers page (htmx: the form alone), or on
+    a page of its own (a link, without JavaScript)."""
+    provider = _provider_for_change(request, provider_id, what)
+    template = "providers/_form.html" if request.htmx else "providers/form.html"
+    return render(
+        request, template, {"p": provider, "f": form_class(provider=provider), "kind": what}
+    )
+
+
+def _change(request, provider_id: str, form_class, what: str, bad: str, changes) -> HttpResponse:
+    """One provider form posted: checked, written through the provider service
+    (audited), back to the providers page; a refusal shows on the form (400)."""
+    provider = _provider_for_change(request, provider_id, what)
     form = form_class(request.POST, provider=provider)
     if form.is_valid():
         try:

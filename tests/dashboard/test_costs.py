@@ -309,6 +309,46 @@ def test_only_who_may_change_providers_sets_prices(client, operator, oncall):
     assert Provider.objects.get(provider_id="alpha").price_input_per_mtok is None
 
 
+def test_the_price_form_is_drawn_when_opened_and_a_refused_one_comes_back_open(
+    client, price_setter, oncall
+):
+    """The providers page draws each provider's forms when they are opened (htmx; a
+    page of their own without JavaScript), filled as the provider stands; a refused
+    one comes back open on the page, as typed, with the reason."""
+    create_provider(
+        provider_id="alpha", kind="scripted", model="m", script={}, by="t", now=NOW,
+        price_input_per_mtok="2.5", currency="USD",
+    )  # fmt: skip
+    url = reverse("provider-prices", args=["alpha"])
+    client.force_login(price_setter)
+    page = client.get(reverse("providers")).content.decode()
+    assert f'hx-get="{url}" hx-trigger="toggle once"' in page and f'href="{url}"' in page
+    assert 'name="prices-alpha-price_input_per_mtok"' not in page
+    assert 'name="schedule-alpha-delays"' not in page
+
+    fragment = client.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert "<html" not in fragment and f'action="{url}"' in fragment
+    assert 'name="prices-alpha-price_input_per_mtok" value="2.500000"' in fragment
+    assert 'name="prices-alpha-currency" value="USD"' in fragment and "Save prices" in fragment
+    alone = client.get(url).content.decode()
+    assert "<html" in alone and "Change the prices of" in alone and "Save prices" in alone
+    schedule = client.get(
+        reverse("provider-schedule", args=["alpha"]), headers={"HX-Request": "true"}
+    )
+    assert 'name="schedule-alpha-delays"' in schedule.content.decode()
+
+    refused = client.post(url, {"prices-alpha-price_output_per_mtok": "free"})
+    assert refused.status_code == 400
+    body = refused.content.decode()
+    assert '<details class="price-form" open>' in body and 'value="free"' in body
+    assert "must be a price per million tokens" in body
+
+    client.force_login(oncall)
+    assert client.get(url, headers={"HX-Request": "true"}).status_code == 403
+    assert client.get(reverse("provider-schedule", args=["alpha"])).status_code == 403
+    assert client.get(reverse("provider-prices", args=["nobody"])).status_code in (403, 404)
+
+
 # --------------------------------------------------------------------------- sums at scale
 
 
