@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from dashboard import run_html
 from dashboard.queries import costs
 from dashboard.queries import runs as queries
 from governance import time_source
@@ -100,9 +101,11 @@ def runs(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     page = queries.run_page(run_id, time_source.now())
     template = "runs/detail.html#run-body" if request.htmx else "runs/detail.html"
+    cost = costs.summary_view(costs.loaded_costs(page.attempts))  # sets each one's cost_words
     context = {
         "page": page,
         "run": page.run,
-        "cost": costs.summary_view(costs.loaded_costs(page.attempts)),
+        "cost": cost,
+        "attempt_rows": run_html.attempt_rows(page.attempts),
     }
     return render(request, template, context)

@@ -761,3 +761,25 @@ def test_run_page_times_and_stages_of_many_attempts(client, oncall, thread):
     stages = {id(row.stage) for row in page.stages}
     assert len(page.attempts) == 6 and all(id(a.stage) in stages for a in page.attempts)
     assert [a.stage.seq for a in page.attempts] == [1, 1, 2, 2, 3, 3]
+
+
+def test_each_attempt_row_shows_its_cells_escaped(client, oncall, thread, providers):
+    """The attempts table is written in Python (dashboard/run_html.py): each cell as the
+    template wrote it — a dash for what is missing — and every value escaped."""
+    run = make_run(thread, attempts=("alpha", "beta"))
+    ProviderAttempt.objects.filter(run=run, provider__provider_id="beta").update(
+        model='<img src=x onerror="alert(1)">', result="refused", refusal_category="a&b's",
+        status_code=400, failure_class="refusal", kind="re_render",
+    )  # fmt: skip
+    client.force_login(oncall)
+    page = client.get(reverse("run", args=[run.id])).content.decode()
+    rows = re.findall(r"<tr>\s*<td><time.*?</tr>", page, re.S)
+    assert len(rows) == 2
+    first, second = (re.sub(r"\s+", " ", row) for row in rows)
+    assert 'alpha <div class="muted small">alpha-model</div>' in first
+    assert '<span class="state accepted">accepted</span>' in first
+    assert '<td>—</td> <td>—</td> <td class="num">—</td> <td class="num">420 ms</td>' in first
+    assert "+300 ms</time>" in first
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in second and "<img" not in second
+    assert "<td>a&amp;b&#x27;s</td>" in second and '<td class="num">400</td>' in second
+    assert '<span class="state refused">refused</span>' in second and "<td>Re Render</td>" in second
