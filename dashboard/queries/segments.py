@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
@@ -432,12 +433,20 @@ _STAGE_SHOWN = ("id", "run", "seq", "kind", "enqueued_at", "finished_at", "outco
 
 
 def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
-    # A stage has no segment of its own: it is found through its run. The segment's run
-    # ids are read first (one short query) so each stage source is an index lookup by
-    # run; joined instead, PostgreSQL hashes every stage of every run (issue 12: 25 ms
-    # a query at 50,000 stages, ``bench/scale.py``).
-    run_ids = list(Run.objects.filter(segment=segment).order_by().values_list("id", flat=True))
-    stages = Stage.objects.filter(run_id__in=run_ids).only(*_STAGE_SHOWN)
+    # A stage has no segment of its own: it is found through its run, by the stage's
+    # run index; joined (or ``IN (SELECT …)``), PostgreSQL hashes every stage of every
+    # run (issue 12: 25–37 ms a query at 50,000 stages, ``bench/scale.py``). On
+    # PostgreSQL the runs' ids go in as one array the index is probed with, in the
+    # same statement; elsewhere they are read first, as a list.
+    runs = Run.objects.filter(segment=segment).order_by().values("id")
+    if connection.vendor == "postgresql":
+        sql, params = runs.query.sql_with_params()
+        stages = Stage.objects.extra(
+            where=[f'"governance_stage"."run_id" = ANY(ARRAY({sql}))'], params=params
+        )
+    else:
+        stages = Stage.objects.filter(run_id__in=[row["id"] for row in runs])
+    stages = stages.only(*_STAGE_SHOWN)
     return [
         (
             "attempt",
@@ -460,8 +469,8 @@ def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
 
 def _item(source: str, row: Any, time_field: str) -> TimelineItem:
     at = getattr(row, time_field)
-    if source == "event":
-        return TimelineItem("fallback", at, _RANK["fallback"], row.id, row, card_view(row.metadata))
+    if source == "event":  # its card is read once it is known to be shown
+        return TimelineItem("fallback", at, _RANK["fallback"], row.id, row)
     if source in ("stage-queued", "stage-finished"):
         state = "queued" if source == "stage-queued" else "finished"
         label = f"{row.kind.replace('_', ' ')} {state}"
@@ -520,6 +529,9 @@ def segment_timeline(segment: Segment, *, before: datetime | None, limit: int = 
         older = oldest if more else None
     else:
         items = merged
+    for item in items:
+        if item.kind == "fallback":
+            item.card = card_view(item.obj.metadata)
     first_page = before is None
     if first_page and segment.closed_at is not None:
         items.insert(0, TimelineItem("closed", segment.closed_at, 9, 0, segment))

@@ -346,21 +346,22 @@ def test_segment_timeline_pages_without_losing_same_instant_rows(
 
 
 def test_segment_timeline_reads_one_page_per_source_without_asking_again(thread_with_states):
-    """Issue 12 (bench/scale.py): the timeline reads the segment's runs, then one page of
-    each of its five sources; a source whose page reached below the oldest instant shown
-    already holds that instant and says whether older rows exist, so it is not asked
-    again (before: two more statements per source on every full page)."""
+    """Issue 12 (bench/scale.py): the timeline reads one page of each of its five
+    sources (the stages by the segment's runs' ids, in the same statement); a source
+    whose page reached below the oldest instant shown already holds that instant and
+    says whether older rows exist, so it is not asked again (before: two more
+    statements per source on every full page)."""
     thread, segment = thread_with_states
     for n in range(8):  # 72 rows over 8 instants' worth of turns: more than a page
         full_turn(thread, segment, at=T0 + timedelta(minutes=n))
     with CaptureQueriesContext(connection) as ctx:
         timeline = queries.segment_timeline(segment, before=None, limit=50)
-    assert len(ctx.captured_queries) == 6
+    assert len(ctx.captured_queries) == 5
     assert timeline.older is not None
     assert 50 <= len(timeline.items) <= 60
     with CaptureQueriesContext(connection) as ctx:
         rest = queries.segment_timeline(segment, before=timeline.older, limit=50)
-    assert len(ctx.captured_queries) == 6
+    assert len(ctx.captured_queries) == 5
     assert rest.older is None and rest.items[-1].kind == "opened"
     shown = [(i.kind, i.id, i.label) for i in timeline.items + rest.items if i.kind != "opened"]
     stages = Stage.objects.filter(run__segment=segment)
@@ -372,6 +373,23 @@ def test_segment_timeline_reads_one_page_per_source_without_asking_again(thread_
         + stages.filter(finished_at__isnull=False).count()
     )
     assert len(shown) == len(set(shown)) == rows  # every row once, none lost
+
+
+def test_segment_timeline_reads_the_same_stages_without_postgresql(thread_with_states, monkeypatch):
+    """Elsewhere the segment's runs are read first and their stages by a list of ids:
+    the same timeline."""
+    thread, segment = thread_with_states
+    for n in range(3):
+        full_turn(thread, segment, at=T0 + timedelta(minutes=n))
+
+    def shown():
+        timeline = queries.segment_timeline(segment, before=None, limit=50)
+        return [(item.kind, item.id, item.label, item.at) for item in timeline.items]
+
+    on_postgresql = shown()
+    assert sum(1 for kind, *_ in on_postgresql if kind == "stage") >= 3
+    monkeypatch.setattr(queries.connection, "vendor", "other")
+    assert shown() == on_postgresql
 
 
 def test_segment_timeline_keeps_an_instant_whole_when_one_source_fills_the_page(
@@ -419,7 +437,7 @@ def test_segment_page_query_count_is_bounded(
     # Bounded whatever the segment's size: a fixed set of sources, each one page, asked
     # once (issue 12: 19 before, when every source was asked again about the oldest
     # instant shown and about older rows).
-    with django_assert_max_num_queries(14):
+    with django_assert_max_num_queries(13):
         response = client.get(reverse("segment", args=[segment.id]))
     body = html(response)
     assert "Show older" in body
