@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
+from dashboard import segment_html
 from dashboard.queries import costs
 from dashboard.queries import segments as queries
 from dashboard.status import human_duration
@@ -148,6 +149,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     segment = queries.segment_for_page(segment_id)
     before, readable = _parse_before(request.GET.get("before"))
     timeline = queries.segment_timeline(segment, before=before, limit=TIMELINE_PAGE)
+    segment_html.add_entries(timeline.items)
     context = {
         "segment": segment,
         "timeline": timeline,

@@ -347,6 +347,7 @@ class TimelineItem:
     obj: Any = None
     card: dict[str, Any] = field(default_factory=dict)
     label: str = ""
+    html: str = ""  # the whole entry, when the page writes it in Python (segment_html)
 
     @property
     def sort_key(self) -> tuple[datetime, int, int]:

@@ -314,6 +314,37 @@ def test_segment_timeline_shows_every_attempt_kind_fallback_cards_and_notificati
     assert body.index(notification.dedupe_key) < body.index("<strong>original</strong>")
 
 
+def test_segment_timeline_requests_and_stages_are_written_escaped(
+    client, oncall, thread_with_states
+):
+    """Requests and stages are written in Python (dashboard/segment_html.py): each
+    part as the template wrote it, every value escaped."""
+    thread, segment = thread_with_states
+    run, stage, _ = full_turn(thread, segment)
+    ProviderAttempt.objects.filter(segment=segment, kind="original").update(
+        model="<script>alert(1)</script>", refusal_category="a&b", status_code=451,
+        failure_class="refusal",
+    )  # fmt: skip
+    Stage.objects.filter(id=stage.id).update(
+        finished_at=T0 + timedelta(seconds=20), outcome="<b>odd</b>", timeout_name="stage_timeout"
+    )
+    body = html(login(client, oncall).get(reverse("segment", args=[segment.id])))
+    entries = body.split('class="tl tl-')[1:]
+    original = next(c for c in entries if "<strong>original</strong>" in c)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in original and "<script>" not in original
+    assert '<span class="muted">category</span> a&amp;b' in original
+    assert '<span class="muted">failure</span> refusal' in original
+    assert '<span class="muted">HTTP</span> 451' in original
+    assert '<span class="state frozen">refused</span>' in original
+    assert f'<a href="{reverse("run", args=[run.id])}">run</a> stage {stage.seq}' in original
+    assert 'class="tl-when"><time datetime="' in original
+    finished = next(c for c in entries if "model turn finished" in c)
+    assert ": <strong>&lt;b&gt;odd&lt;/b&gt;</strong>" in finished
+    assert '<span class="state failed">stage_timeout</span>' in finished
+    queued = next(c for c in entries if "model turn queued" in c)
+    assert queued.startswith('stage">') and "<strong>" not in queued
+
+
 @pytest.mark.parametrize("page_size", [1, 2, 3, 4, 5])
 def test_segment_timeline_pages_without_losing_same_instant_rows(
     client, oncall, thread_with_states, monkeypatch, page_size
