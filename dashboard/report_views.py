@@ -403,6 +403,7 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
     page = Paginator(report.discrepancies, PER_PAGE).get_page(request.GET.get("page"))
     params = request.GET.copy()
     params.pop("page", None)
+    shown = [(row, discrepancy_cells(row)) for row in page.object_list]
     context.update(
         report=report,
         range_words=_range_words(form),
@@ -415,7 +416,8 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
         total_row=_split(aggregate_cells(report, report.total)),
         cost=costs.summary_view(report.total.cost),
         page_obj=page,
-        discrepancy_rows=[(row, discrepancy_cells(row)) for row in page.object_list],
+        discrepancy_rows=shown,
+        discrepancy_rows_html=report_html.discrepancy_rows(shown),
         chart=chart_of(report),
         chart_max_groups=CHART_MAX_GROUPS,
         verdict_words=VERDICT_WORDS,

@@ -845,3 +845,29 @@ def test_r84_the_csv_sends_its_header_before_the_report_is_read(
     seen = async_to_sync(consume)()
     assert seen[0][0].decode().startswith("group (day),runs,") and seen[0][1] == 0
     assert seen[-1][1] == 1 and len(seen) > 3
+
+
+def test_r84_discrepancy_rows_are_written_with_every_value_escaped():
+    """The page's discrepancy rows are written in Python (dashboard/report_html.py): the
+    CSV's cells, the run linked by its first 8 characters, every value escaped."""
+    from dashboard import report_html
+    from governance.services.deliveries import CallbackView
+
+    run_id = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    run = q.RunDelivery(
+        run_id=run_id, settled_at=datetime(2025, 3, 1, 12, 0, tzinfo=UTC), outcome="partial",
+        provider="<b>p</b>", committed=2, sent=1, observed=0,
+        callback=CallbackView(CallbackStatus.PENDING, "pending", 'said "x" & <y>'),
+        verdict="", unknown_effects=(), discrepancies=(),
+    )  # fmt: skip
+    row = q.DiscrepancyRow(run, "odd_code", "Odd <title>", "it said <script>")
+    cells = [str(run_id), "2025-03-01 12:00:00", "<b>p</b>", "partial", "2", "1", "0",
+             "pending", "odd_code", "it said <script>"]  # fmt: skip
+    html = str(report_html.discrepancy_rows([(row, cells)]))
+    assert "<script>" not in html and "<b>" not in html and "<title>" not in html
+    assert f'href="{reverse("run", args=[run_id])}" title="Run {run_id}">12345678</a>' in html
+    assert '<td class="c-provider" data-label="Provider">&lt;b&gt;p&lt;/b&gt;</td>' in html
+    assert 'title="said &quot;x&quot; &amp; &lt;y&gt;">pending</td>' in html
+    assert "<strong>Odd &lt;title&gt;</strong>" in html
+    assert '<td class="c-text">it said &lt;script&gt;</td>' in html
+    assert 'data-csv="2025-03-01 12:00:00"><time datetime="2025-03-01T12:00:00+00:00"' in html
