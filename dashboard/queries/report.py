@@ -174,13 +174,16 @@ def grouped_counts(query: ReportQuery) -> list[GroupRow]:
         "flagged_runs": Count("id", filter=Q(discrepancy_count__gt=0)),
         "found": Coalesce(Sum("discrepancy_count"), zero),
     }
-    for part in (
+    parts = (
         _narrowed(Settlement.objects.filter(edges), query)
         .annotate(key=_group_expression(query.group))
         .values("key", "outcome")
         .annotate(**counts)
         .order_by()
-    ):
+        if edges is not None
+        else ()
+    )
+    for part in parts:
         _add_counts(row_of(part["key"]), part, part["outcome"])
     return [found[key] for key in sorted(found, key=_sortable) if found[key].runs]
 
@@ -210,14 +213,18 @@ def _whole_days(query: ReportQuery) -> tuple[date, date] | None:
     return (first_day, last_day) if first_day <= last_day else None
 
 
-def _edges(query: ReportQuery) -> tuple[tuple[date, date] | None, Q]:
+def _edges(query: ReportQuery) -> tuple[tuple[date, date] | None, Q | None]:
     """The whole UTC days of the window ([first, last] or None) and the filter of the
-    settlements outside them (the part-days at either end)."""
+    settlements outside them (the part-days at either end) — None when the window is
+    whole days only (dates, the usual case): there is nothing to read run by run."""
     days = _whole_days(query)
     edges = Q(settled_at__gte=query.start, settled_at__lt=query.end)
     if days is not None:
         first, last = days
-        edges &= ~Q(settled_at__gte=_midnight(first), settled_at__lt=_midnight(last + timedelta(1)))
+        whole = (_midnight(first), _midnight(last + timedelta(1)))
+        if (query.start, query.end) == whole:
+            return days, None
+        edges &= ~Q(settled_at__gte=whole[0], settled_at__lt=whole[1])
     return days, edges
 
 
@@ -273,8 +280,11 @@ def grouped_usage(query: ReportQuery) -> CostItems:
         _narrowed(Settlement.objects.filter(edges), query)
         .annotate(group_key=_group_expression(query.group), usage=KeyTransform("usage", "delivery"))
         .values_list("group_key", "usage")
+        .iterator(chunk_size=2000)
+        if edges is not None
+        else ()
     )
-    for key, usage in part.iterator(chunk_size=2000):
+    for key, usage in part:
         for provider, result, reported, n, b, o, c in usage or ():
             add(key, provider, result == "refused", UsageShape(n, reported, b, o, c))
     return {

@@ -804,12 +804,27 @@ def test_r84_report_queries_do_not_grow_with_runs(
 
 
 def test_r84_grouping_happens_in_the_database(client, manager, providers):
+    """Whole UTC days are summed from the day sums, in the database; only the part-days
+    at either end of a window are counted from the settlements (the default window is
+    whole days: no settlement is read for the sums)."""
     make_run(RunSpec())
     client.force_login(manager)
-    with CaptureQueriesContext(connection) as captured:
-        get_report(client, group="day")
-    grouped = [c["sql"] for c in captured if "GROUP BY" in c["sql"] and "COUNT(" in c["sql"]]
-    assert len(grouped) == 1
+
+    def grouped(**params):
+        with CaptureQueriesContext(connection) as captured:
+            assert get_report(client, group="day", **params).status_code == 200
+        found = [c["sql"] for c in captured if "GROUP BY" in c["sql"]]
+        return (
+            [sql for sql in found if 'FROM "governance_settledday"' in sql],
+            [sql for sql in found if 'FROM "governance_settlement"' in sql and "COUNT(" in sql],
+        )
+
+    days, settlements = grouped()
+    assert len(days) == 1 and settlements == []
+    today = NOW.date()
+    start = f"{(today - timedelta(days=2)).isoformat()}T06:00"
+    days, settlements = grouped(**{"from": start, "to": today.isoformat()})
+    assert len(days) == 1 and len(settlements) == 1
 
 
 def test_r84_a_run_settled_late_in_the_utc_day_is_counted_on_that_day(providers):
