@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from dashboard.queries import report as q
 from governance.models import BodyChunk, RunCallback, Settlement, ToolReceipt
@@ -120,6 +122,17 @@ def test_judging_a_period_leaves_the_other_runs_for_the_beat():
     outside = make_run(RunSpec(settled_at=NOW - timedelta(days=40)))
     assert deliveries.judge_unjudged(start=WINDOW.start, end=WINDOW.end) == 1
     assert not stale(inside) and stale(outside)
+
+
+def test_with_nothing_stale_judging_asks_one_short_question():
+    """Each report view and each beat pass asks first; with nothing stale (the usual
+    answer) that is all: the batch's query and its provider subquery are not sent."""
+    make_run(RunSpec(settled_at=NOW - timedelta(hours=1)))
+    assert deliveries.judge_unjudged() == 1
+    with CaptureQueriesContext(connection) as captured:
+        assert deliveries.judge_unjudged(start=WINDOW.start, end=WINDOW.end) == 0
+    (only,) = captured.captured_queries
+    assert "LIMIT 1" in only["sql"] and "governance_providerattempt" not in only["sql"]
 
 
 def test_a_page_of_discrepancies_is_the_same_slice_as_the_whole_list():
