@@ -17,6 +17,8 @@ from typing import Any
 from django.utils.html import conditional_escape
 from django.utils.safestring import SafeString, mark_safe
 
+from governance.models import ProviderAttempt
+
 
 def _e(value: Any) -> str:
     return escape(str(value))
@@ -24,6 +26,9 @@ def _e(value: Any) -> str:
 
 def _or_dash(value: Any) -> str:
     return _e(value) if value else "—"  # the template's ``default:"—"``
+
+
+KIND_WORDS = dict(ProviderAttempt.Kind.choices)  # get_kind_display's words
 
 
 def attempt_rows(attempts: Iterable[Any]) -> SafeString:
@@ -38,7 +43,7 @@ def attempt_rows(attempts: Iterable[Any]) -> SafeString:
             f"\n        <td>{conditional_escape(a.started)}</td>"
             f'\n        <td>{_e(a.provider.provider_id)} <div class="muted small">{_e(a.model)}'
             "</div></td>"
-            f"\n        <td>{_e(a.get_kind_display() or a.kind)}</td>"
+            f"\n        <td>{_e(KIND_WORDS.get(a.kind, a.kind) or a.kind)}</td>"
             f'\n        <td><span class="state {result}">{result}</span></td>'
             f"\n        <td>{_or_dash(a.failure_class)}</td>"
             f"\n        <td>{_or_dash(a.refusal_category)}</td>"

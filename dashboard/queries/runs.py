@@ -11,13 +11,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from html import escape
 from typing import Any
 
 from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from governance import services
 from governance.models import (
@@ -288,11 +289,9 @@ class Moment:
         # row: the run page's hundred attempts spent half its rendering on those
         # (issue 12, bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
         at = self.at.astimezone(UTC) if self.at.tzinfo is not None else self.at
-        return format_html(
-            '<time datetime="{}" title="{} UTC">{}</time>',
-            at.isoformat(),
-            at.strftime("%Y-%m-%d %H:%M:%S"),
-            self.offset,
+        return mark_safe(  # every value escaped (format_html's escaping, without its cost)
+            f'<time datetime="{escape(at.isoformat())}" title="'
+            f'{at.strftime("%Y-%m-%d %H:%M:%S")} UTC">{escape(self.offset)}</time>'
         )
 
     __str__ = __html__  # a template prints str(value), then escapes what is not safe
@@ -364,6 +363,14 @@ RESOURCE_WORDS = {
 }
 
 
+# What the page shows of each attempt (``dashboard/run_html.py``) and prices it by
+# (``usage``): not its digest, error text, tool names or Insights columns.
+_ATTEMPT_SHOWN = (
+    "id", "run", "stage", "provider", "model", "kind", "started_at", "latency_ms", "result",
+    "failure_class", "refusal_category", "status_code", "usage",
+)  # fmt: skip
+
+
 def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     """Everything the run page shows, in a fixed number of queries (404 if unknown)."""
     run = get_object_or_404(
@@ -377,6 +384,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     # rows cost more than every other query of the page together, bench/scale.py).
     attempts = list(
         ProviderAttempt.objects.filter(run=run)
+        .only(*_ATTEMPT_SHOWN)
         .prefetch_related("provider")
         .order_by("started_at", "id")
     )
