@@ -1,9 +1,10 @@
 """ASGI entry point (served by uvicorn; streams need an async server)."""
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import django
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
@@ -19,13 +20,46 @@ class SyncChainASGIHandler(ASGIHandler):
     404 on two cores. Every middleware here can run sync, so the chain runs
     the way WSGI runs it. An async view (the SSE stream) is still awaited on
     the event loop and its async body is streamed there.
+
+    Each request's synchronous part runs on one thread of its own, as in
+    Django, but the thread is one an earlier request left idle (as a WSGI
+    server's are): Django starts a thread for every request and another to
+    join it, and what a thread keeps is lost with it (Celery's result backend
+    is built anew in each one: ≈1 ms of a submit).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._idle_threads: list[ThreadPoolExecutor] = []
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        # Only the event loop's thread takes and returns threads: no lock.
+        thread = self._idle_threads.pop() if self._idle_threads else _request_thread()
+        try:
+            async with ThreadSensitiveContext(executor=thread):
+                await self.handle(scope, receive, send)
+        finally:
+            if len(self._idle_threads) < IDLE_REQUEST_THREADS:
+                self._idle_threads.append(thread)
+            else:
+                thread.shutdown(wait=False)
+
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+# Idle request threads kept for the next requests (a burst's peak starts more).
+IDLE_REQUEST_THREADS = 32
+
+
+def _request_thread() -> ThreadPoolExecutor:
+    # One worker: all thread-sensitive calls of a request run on the same thread.
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
 
 
 django.setup(set_prefix=False)
