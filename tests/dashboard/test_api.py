@@ -319,6 +319,34 @@ def test_auth_other_users_tokens_do_not_interfere(client, api, django_user_model
     assert AuditEntry.objects.get(idempotency_key="boundary:k-other").actor == "someone-else"
 
 
+def test_auth_reads_the_token_and_its_whole_user_by_a_fixed_sql_text(
+    rf, user, token_row, monkeypatch
+):
+    """Every request authenticates: building a queryset's SQL would cost more
+    than the statement (issue 8). The user is complete, as a queryset reads it."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from dashboard.api import _authenticate
+
+    ApiToken.objects.filter(pk=token_row.pk).update(scopes=["submit_run"])
+    request = rf.get("/api/v1/threads", headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def built(*args, **kwargs):
+        raise AssertionError("a queryset's SQL was built")
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", built)
+    got = _authenticate(request)
+    monkeypatch.undo()
+    assert got.get_deferred_fields() == set()
+    stored = type(user).objects.get(pk=user.pk)
+    assert {f.attname: getattr(got, f.attname) for f in stored._meta.concrete_fields} == {
+        f.attname: getattr(stored, f.attname) for f in stored._meta.concrete_fields
+    }
+    assert request.api_scopes == ("submit_run",)
+    token_row.refresh_from_db()
+    assert token_row.last_used_at is not None  # the first use is written
+
+
 # --------------------------------------------------------------------------- methods and bodies
 
 
