@@ -42,14 +42,20 @@ from dashboard.queries import costs
 from governance import services, time_source
 from governance.models import (
     ApiToken,
+    BodyChunk,
+    BudgetAccount,
     Notification,
     Provider,
+    ProviderAttempt,
     ProviderHealthState,
     Run,
     Segment,
+    Settlement,
+    Stage,
     Thread,
+    ToolReceipt,
 )
-from governance.rules.cost import attempt_cost, summarize_costs
+from governance.rules.cost import Prices, attempt_cost, summarize_costs
 from governance.rules.refusal import RefusalError, parse_segment_key
 from governance.services import providers as provider_services
 from governance.services.admission import Overloaded
@@ -117,6 +123,12 @@ class PlainRead:
                     values[index] = convert(values[index], column, connection)
             converted.append(self.row._make(values))
         return converted
+
+
+def _db_value(model, value):
+    """``value`` of ``model``'s primary key as the database takes it (SQLite: a
+    UUID's hex)."""
+    return model._meta.pk.get_db_prep_value(value, connection)
 
 
 User = get_user_model()
@@ -275,21 +287,94 @@ def _iso(value):
     return value.isoformat() if value else None
 
 
-def run_json(run: Run) -> dict[str, Any]:
-    try:
-        settlement = run.settlement
-    except Run.settlement.RelatedObjectDoesNotExist:
-        settlement = None
-    chunks = list(run.chunks.all())
-    # The provider is joined already: the cost adds no query (issue 12, governance.rules.cost).
-    attempts = list(run.attempts.select_related("stage", "provider", "segment"))
+RUN = PlainRead(
+    {
+        **_columns(
+            Run, "id", "thread_id", "status", "phase", "input", "created_at", "deadline_at",
+            "last_progress_at", "cancel_requested_at", "decisions",
+        ),
+        **_columns(Segment, "key", prefix="segment_"),
+        **_columns(BudgetAccount, "id", "limits", prefix="budget_"),
+        **_columns(
+            Settlement, "outcome", "reason_code", "reason", "unknown_effects", "settled_at",
+            prefix="settlement_",
+        ),
+    },
+    "FROM governance_run"
+    " JOIN governance_segment ON governance_segment.id = governance_run.segment_id"
+    " LEFT JOIN governance_budgetaccount ON governance_budgetaccount.run_id = governance_run.id"
+    " LEFT JOIN governance_settlement ON governance_settlement.run_id = governance_run.id"
+    " WHERE governance_run.id = %s",
+)  # fmt: skip
+RUN_STAGES = PlainRead(
+    _columns(
+        Stage, "seq", "kind", "enqueued_at", "started_at", "finished_at", "outcome",
+        "timeout_name", "failure_class", "detail", "clocks", "deliveries",
+    ),
+    "FROM governance_stage WHERE run_id = %s ORDER BY seq",
+)  # fmt: skip
+# The provider is joined: an attempt's cost adds no query (issue 12, governance.rules.cost).
+RUN_ATTEMPTS = PlainRead(
+    {
+        **_columns(
+            ProviderAttempt, "model", "kind", "result", "failure_class", "refusal_category",
+            "status_code", "latency_ms", "usage",
+        ),
+        **_columns(Stage, "seq", prefix="stage_"),
+        **_columns(Segment, "key", prefix="segment_"),
+        **_columns(
+            Provider, "provider_id", "price_input_per_mtok", "price_output_per_mtok",
+            "price_cached_per_mtok", "currency",
+        ),
+    },
+    "FROM governance_providerattempt"
+    " JOIN governance_stage ON governance_stage.id = governance_providerattempt.stage_id"
+    " JOIN governance_segment ON governance_segment.id = governance_providerattempt.segment_id"
+    " JOIN governance_provider ON governance_provider.id = governance_providerattempt.provider_id"
+    " WHERE governance_providerattempt.run_id = %s"
+    " ORDER BY governance_providerattempt.started_at, governance_providerattempt.id",
+)  # fmt: skip
+RUN_RECEIPTS = PlainRead(
+    _columns(
+        ToolReceipt, "tool", "idempotency_key", "effect", "verified_at", "error", "server",
+        "schema_version", "effect_class", "created_at", "finished_at",
+    ),
+    "FROM governance_toolreceipt WHERE run_id = %s ORDER BY id",
+)  # fmt: skip
+RUN_CHUNKS = PlainRead(
+    _columns(
+        BodyChunk, "chunk_no", "version", "text", "final", "committed_at", "sent_at", "observed_at"
+    ),
+    "FROM governance_bodychunk WHERE run_id = %s ORDER BY chunk_no",
+)
+
+
+def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
+    """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run), read
+    with plain statements: a client polls it to see its run settle."""
+    key = _db_value(Run, run_id)
+    found = RUN.rows(key)
+    if not found:
+        return None
+    run = found[0]
+    chunks = RUN_CHUNKS.rows(key)
+    attempts = RUN_ATTEMPTS.rows(key)
     attempt_costs = [
-        attempt_cost(attempt.usage, costs.prices_of(attempt.provider)) for attempt in attempts
+        attempt_cost(
+            attempt.usage,
+            Prices(
+                input=attempt.price_input_per_mtok,
+                output=attempt.price_output_per_mtok,
+                cached=attempt.price_cached_per_mtok,
+                currency=attempt.currency,
+            ),
+        )
+        for attempt in attempts
     ]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
-        "segment": run.segment.key,
+        "segment": run.segment_key,
         "status": run.status,
         "phase": run.phase,
         "input": run.input,
@@ -312,12 +397,12 @@ def run_json(run: Run) -> dict[str, Any]:
                 "clocks": stage.clocks,
                 "deliveries": stage.deliveries,
             }
-            for stage in run.stages.order_by("seq")
+            for stage in RUN_STAGES.rows(key)
         ],
         "attempts": [
             {
-                "stage": attempt.stage.seq,
-                "provider_id": attempt.provider.provider_id,
+                "stage": attempt.stage_seq,
+                "provider_id": attempt.provider_id,
                 "model": attempt.model,
                 "kind": attempt.kind,
                 "result": attempt.result,
@@ -325,7 +410,7 @@ def run_json(run: Run) -> dict[str, Any]:
                 "refusal_category": attempt.refusal_category or None,
                 "status_code": attempt.status_code,
                 "latency_ms": attempt.latency_ms,
-                "segment": attempt.segment.key,
+                "segment": attempt.segment_key,
                 "cost": costs.attempt_cost_json(cost),
             }
             for attempt, cost in zip(attempts, attempt_costs, strict=True)
@@ -338,7 +423,7 @@ def run_json(run: Run) -> dict[str, Any]:
         ),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
-            for name, b in services.budget_view(run).items()
+            for name, b in services.budget_view(_with_budget(run)).items()
         },
         "receipts": [
             {
@@ -353,7 +438,7 @@ def run_json(run: Run) -> dict[str, Any]:
                 "effect_class": receipt.effect_class or None,
                 "latency_ms": receipt_latency_ms(receipt),
             }
-            for receipt in run.receipts.all()
+            for receipt in RUN_RECEIPTS.rows(key)
         ],
         "chunks": [
             {
@@ -369,16 +454,29 @@ def run_json(run: Run) -> dict[str, Any]:
         "body": "".join(chunk.text for chunk in chunks if chunk.committed_at),
         "settlement": (
             {
-                "outcome": settlement.outcome,
-                "reason_code": settlement.reason_code,
-                "reason": settlement.reason,
-                "unknown_effects": settlement.unknown_effects,
-                "settled_at": settlement.settled_at.isoformat(),
+                "outcome": run.settlement_outcome,
+                "reason_code": run.settlement_reason_code,
+                "reason": run.settlement_reason,
+                "unknown_effects": run.settlement_unknown_effects,
+                "settled_at": run.settlement_settled_at.isoformat(),
             }
-            if settlement
+            if run.settlement_settled_at is not None  # a settlement always has its time
             else None
         ),
     }
+
+
+def _with_budget(row) -> Run:
+    """The run of ``RUN``'s row carrying its budget account as read, for
+    ``services.budget_view`` (which reads the ledger's entries). Without an
+    account the run asks the database, as before."""
+    run = Run.from_db(connection.alias, ["id"], [row.id])
+    if row.budget_id is not None:
+        account = BudgetAccount.from_db(
+            connection.alias, ["id", "limits"], [row.budget_id, row.budget_limits]
+        )
+        account.run = run  # and so run.budget is the account, as select_related leaves it
+    return run
 
 
 # --------------------------------------------------------------------------- views
@@ -442,13 +540,10 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
 
 @api_view(("GET",))
 def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
-    try:
-        run = Run.objects.select_related("segment", "settlement", "budget").get(
-            id=_uuid(run_id, "run")
-        )
-    except Run.DoesNotExist:
-        raise ApiError(404, None, "no such run") from None
-    return JsonResponse(run_json(run))
+    answer = run_json(_uuid(run_id, "run"))
+    if answer is None:
+        raise ApiError(404, None, "no such run")
+    return JsonResponse(answer)
 
 
 @api_view(("POST",))

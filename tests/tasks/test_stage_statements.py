@@ -3,9 +3,15 @@ times it; this keeps the count from creeping back up)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
 import pytest
 from django.db import connection
+from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
+from opentelemetry import trace
 
 from governance import time_source
 from governance.models import Provider, Run, Stage
@@ -20,6 +26,21 @@ ANSWER = {"default": {"answer": {"text": "The answer is 42.", "chunks": 1}}}
 
 def _statements(captured) -> list[str]:
     return [q["sql"].split()[0].upper() for q in captured]
+
+
+@contextmanager
+def querysets_built() -> Iterator[list[str]]:
+    """The models whose querysets had their SQL built (reads: an insert or an
+    update has a compiler of its own). A hot request reads by fixed SQL texts."""
+    built: list[str] = []
+    build = SQLCompiler.as_sql
+
+    def counting(self, *args, **kwargs):
+        built.append(self.query.model.__name__)
+        return build(self, *args, **kwargs)
+
+    with mock.patch.object(SQLCompiler, "as_sql", counting):
+        yield built
 
 
 def test_a_single_turn_run_costs_three_worker_transactions_and_one_web_transaction(
@@ -67,3 +88,24 @@ def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key
     assert plain.count("COMMIT") == 1 and "SAVEPOINT" not in plain and len(plain) <= 9, plain
     assert keyed.count("SAVEPOINT") == 1 and len(keyed) <= 11, keyed
     assert "ROLLBACK" in _statements(repeated)  # the repeat's insert rolled back to the savepoint
+
+
+def test_a_poll_of_a_runs_detail_is_seven_plain_statements(api, scripted_provider, monkeypatch):
+    """GET /api/v1/runs/{id}, which a client polls to see its run settle: the
+    token with its user; the run with its segment, budget account and
+    settlement; its chunks, attempts, stages, ledger entries and receipts. Only
+    the ledger's entries are read through a queryset (services.budget_view)."""
+    monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
+    scripted_provider("counted", ANSWER)
+    thread = api.post("/api/v1/threads", {"provider_chain": ["counted"]}, expect=201).json()
+    path = f"/api/v1/threads/{thread['id']}/runs"
+    run_id = api.post(path, {"input": "What is six times seven?"}, expect=202).json()["run_id"]
+    assert run_stage(Stage.objects.get(run_id=run_id).id) == "accepted"
+    with CaptureQueriesContext(connection) as polled, querysets_built() as built:
+        body = api.get(f"/api/v1/runs/{run_id}").json()
+    assert body["settlement"] and body["attempts"] and body["chunks"] and body["budget"]
+    assert len(polled) <= 7, "\n".join(q["sql"][:120] for q in polled.captured_queries)
+    assert built == ["BudgetEntry"]
+    # Once dashboard.asgi is imported, this process's span store writes the stage's
+    # spans from its own thread: written now, they leave with this test's rows.
+    getattr(trace.get_tracer_provider(), "force_flush", lambda: True)()
