@@ -507,10 +507,38 @@ def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
     return JsonResponse(segment_json(services.open_segment(thread), time_source.now()))
 
 
+THREAD_AND_OPEN_SEGMENT = PlainRead(
+    {
+        **_columns(Thread, "id", "callback_url"),
+        **_columns(Segment, "id", "key", prefix="segment_"),
+    },
+    "FROM governance_thread LEFT JOIN governance_segment"
+    " ON governance_segment.thread_id = governance_thread.id"
+    " AND governance_segment.closed_at IS NULL"
+    " WHERE governance_thread.id = %s",
+)
+
+
+def _thread_and_open_segment(thread_id: str) -> tuple[Thread, Segment | None]:
+    """What a submit needs of the thread and its open segment, in one statement
+    (their other fields are read if something asks for them)."""
+    found = THREAD_AND_OPEN_SEGMENT.rows(_db_value(Thread, _uuid(thread_id, "thread")))
+    if not found:
+        raise ApiError(404, None, "no such thread")
+    row = found[0]
+    thread = Thread.from_db(connection.alias, ["id", "callback_url"], [row.id, row.callback_url])
+    if row.segment_id is None:
+        return thread, None  # the service looks for it (and finds none)
+    segment = Segment.from_db(
+        connection.alias, ["id", "key", "thread_id"], [row.segment_id, row.segment_key, row.id]
+    )
+    return thread, segment
+
+
 @api_view(("POST",), atomic=True)
 def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     require(request, permissions.SUBMIT_RUN)
-    thread = _get(Thread, id=_uuid(thread_id, "thread"))
+    thread, segment = _thread_and_open_segment(thread_id)
     body = parse_body(request, RunSubmit)
     run_id = uuid.uuid4()
     # The run's trace is allocated with its id and stored with the run (no second write).
@@ -524,6 +552,7 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
         limits=body.budget.model_dump(exclude_none=True) if body.budget else None,
         trace_context=carrier,
         run_id=run_id,
+        segment=segment,
         deadline_s=body.deadline_s,
         stage_budget_s=body.stage_budget_s,
         no_progress_s=body.no_progress_s,

@@ -70,9 +70,12 @@ def submit_run(
     trace_context: dict[str, str] | None = None,
     previous_run: Run | None = None,
     run_id: uuid.UUID | None = None,
+    segment: Segment | None = None,
 ) -> tuple[Run, Stage | None, bool]:
     """Admit a run on the thread's open segment and queue its first stage.
 
+    ``segment``: the open segment, when the caller read it with the thread in
+    this transaction (the API: one statement); otherwise it is read here.
     Returns (run, first stage or None for a repeated key, created).
     """
     if not isinstance(input, str) or not input.strip():
@@ -118,11 +121,10 @@ def submit_run(
             raise ServiceError("previous_run", str(exc)) from None
 
     def admit_new() -> tuple[Run, Stage, bool]:
-        segment = open_segment(thread)
         run = Run.objects.create(
             id=run_id,
             thread=thread,
-            segment=segment,
+            segment=segment or open_segment(thread),
             input=input,
             created_at=now,
             deadline_at=now + timedelta(seconds=durations["deadline_s"]),

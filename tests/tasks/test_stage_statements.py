@@ -77,16 +77,18 @@ def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key
     thread = api.post("/api/v1/threads", {"provider_chain": ["counted"]}, expect=201).json()
     path = f"/api/v1/threads/{thread['id']}/runs"
     api.post(path, {"input": "warm up"}, expect=202)  # the token's last use, once a minute
-    with CaptureQueriesContext(connection) as plain:
+    with CaptureQueriesContext(connection) as plain, querysets_built() as built:
         api.post(path, {"input": "no key"}, expect=202)
     with CaptureQueriesContext(connection) as keyed:
         api.post(path, {"input": "a key", "idempotency_key": "counted-api"}, expect=202)
     with CaptureQueriesContext(connection) as repeated:
         api.post(path, {"input": "a key", "idempotency_key": "counted-api"}, expect=200)
     plain, keyed = _statements(plain), _statements(keyed)
-    # The token, the user's permissions, the thread, the segment, three rows.
-    assert plain.count("COMMIT") == 1 and "SAVEPOINT" not in plain and len(plain) <= 9, plain
-    assert keyed.count("SAVEPOINT") == 1 and len(keyed) <= 11, keyed
+    # The token with its user, the user's permissions, the thread with its open
+    # segment (fixed SQL texts, no queryset built), three rows.
+    assert plain.count("COMMIT") == 1 and "SAVEPOINT" not in plain and len(plain) <= 8, plain
+    assert built == []
+    assert keyed.count("SAVEPOINT") == 1 and len(keyed) <= 10, keyed
     assert "ROLLBACK" in _statements(repeated)  # the repeat's insert rolled back to the savepoint
 
 
