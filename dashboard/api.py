@@ -20,7 +20,7 @@ import pydantic_core
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Field, Q
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
@@ -99,20 +99,21 @@ class PlainRead:
     for values. Its rows are named tuples of those names."""
 
     def __init__(self, columns: dict[str, Field], rest: str) -> None:
-        self.fields = tuple(columns.values())
+        fields = columns.values()
         self.row = namedtuple("Row", columns)
-        selected = ", ".join(f'"{f.model._meta.db_table}"."{f.column}"' for f in self.fields)
+        # Each column as a queryset selects it (the expression its converters expect).
+        self.columns = tuple(f.get_col(f.model._meta.db_table) for f in fields)
+        selected = ", ".join(f'"{f.model._meta.db_table}"."{f.column}"' for f in fields)
         self.sql = f"SELECT {selected} {rest}"
 
     def rows(self, *params) -> list:
-        with connection.cursor() as cursor:
+        db = connections[DEFAULT_DB_ALIAS]  # once: the proxy looks it up on every use
+        with db.cursor() as cursor:
             cursor.execute(self.sql, params)
             rows = cursor.fetchall()
         converting = []
-        for index, field in enumerate(self.fields):
-            column = field.get_col(field.model._meta.db_table)  # as a queryset selects it
-            converters = connection.ops.get_db_converters(column)
-            converters += column.get_db_converters(connection)
+        for index, column in enumerate(self.columns):
+            converters = db.ops.get_db_converters(column) + column.get_db_converters(db)
             if converters:
                 converting.append((index, column, converters))
         converted = []
@@ -120,7 +121,7 @@ class PlainRead:
             values = list(row)
             for index, column, converters in converting:
                 for convert in converters:
-                    values[index] = convert(values[index], column, connection)
+                    values[index] = convert(values[index], column, db)
             converted.append(self.row._make(values))
         return converted
 
@@ -133,6 +134,7 @@ def _db_value(model, value):
 
 User = get_user_model()
 USER_FIELDS = tuple(User._meta.concrete_fields)
+USER_ATTNAMES = [field.attname for field in USER_FIELDS]
 TOKEN_AND_USER = PlainRead(
     {
         **_columns(ApiToken, "id", "last_used_at", "scopes"),
@@ -153,8 +155,7 @@ def _authenticate(request: HttpRequest):
     token = found[0] if found else None
     user = None
     if token is not None:
-        user_values = token[-len(USER_FIELDS) :]
-        user = User.from_db(connection.alias, [f.attname for f in USER_FIELDS], user_values)
+        user = User.from_db(connection.alias, USER_ATTNAMES, token[-len(USER_FIELDS) :])
     if user is None or not user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
     request.api_scopes = tuple(token.scopes or ())
