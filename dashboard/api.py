@@ -152,17 +152,17 @@ def _authenticate(request: HttpRequest):
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "Authorization", "send 'Authorization: Bearer <token>'")
     found = TOKEN_AND_USER.rows(token_digest(token.strip()))
-    token = found[0] if found else None
+    row = found[0] if found else None
     user = None
-    if token is not None:
-        user = User.from_db(connection.alias, USER_ATTNAMES, token[-len(USER_FIELDS) :])
+    if row is not None:
+        user = User.from_db(connection.alias, USER_ATTNAMES, row[-len(USER_FIELDS) :])
     if user is None or not user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
-    request.api_scopes = tuple(token.scopes or ())
+    request.api_scopes = tuple(row.scopes or ())
     now = timezone.now()
-    if token.last_used_at is None or now - token.last_used_at >= TOKEN_USE_PRECISION:
+    if row.last_used_at is None or now - row.last_used_at >= TOKEN_USE_PRECISION:
         # "Last used" to the minute: not one write per request of a busy client.
-        ApiToken.objects.filter(pk=token.id).update(last_used_at=now)
+        ApiToken.objects.filter(pk=row.id).update(last_used_at=now)
     return user
 
 
