@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections import namedtuple
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
@@ -20,8 +19,8 @@ import pydantic_core
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Field, Q
+from django.db import connection, transaction
+from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -58,6 +57,7 @@ from governance.models import (
 from governance.rules.cost import Prices, attempt_cost, summarize_costs
 from governance.rules.refusal import RefusalError, parse_segment_key
 from governance.services import providers as provider_services
+from governance.services import statements as sql
 from governance.services.admission import Overloaded
 from governance.services.stages import publish
 from governance.services.tokens import token_digest
@@ -88,56 +88,18 @@ def error_response(status: int, field: str | None, message: str) -> JsonResponse
 # (Django's converters: JSON from text; SQLite's dates, UUIDs and decimals).
 
 
-def _columns(model, *names: str, prefix: str = "") -> dict[str, Field]:
-    """``model``'s fields by name (``prefix``: for a joined model's names)."""
-    return {prefix + name: model._meta.get_field(name) for name in names}
-
-
-class PlainRead:
-    """``SELECT`` the columns given as ``{name: field}`` (fields of one table or
-    of joined ones), then ``rest``: FROM, JOIN, WHERE and ORDER BY, with ``%s``
-    for values. Its rows are named tuples of those names."""
-
-    def __init__(self, columns: dict[str, Field], rest: str) -> None:
-        fields = columns.values()
-        self.row = namedtuple("Row", columns)
-        # Each column as a queryset selects it (the expression its converters expect).
-        self.columns = tuple(f.get_col(f.model._meta.db_table) for f in fields)
-        selected = ", ".join(f'"{f.model._meta.db_table}"."{f.column}"' for f in fields)
-        self.sql = f"SELECT {selected} {rest}"
-
-    def rows(self, *params) -> list:
-        db = connections[DEFAULT_DB_ALIAS]  # once: the proxy looks it up on every use
-        with db.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            rows = cursor.fetchall()
-        converting = []
-        for index, column in enumerate(self.columns):
-            converters = db.ops.get_db_converters(column) + column.get_db_converters(db)
-            if converters:
-                converting.append((index, column, converters))
-        converted = []
-        for row in rows:
-            values = list(row)
-            for index, column, converters in converting:
-                for convert in converters:
-                    values[index] = convert(values[index], column, db)
-            converted.append(self.row._make(values))
-        return converted
-
-
 def _db_value(model, value):
     """``value`` of ``model``'s primary key as the database takes it (SQLite: a
     UUID's hex)."""
-    return model._meta.pk.get_db_prep_value(value, connection)
+    return sql.value(model, model._meta.pk.name, value)
 
 
 User = get_user_model()
 USER_FIELDS = tuple(User._meta.concrete_fields)
 USER_ATTNAMES = [field.attname for field in USER_FIELDS]
-TOKEN_AND_USER = PlainRead(
+TOKEN_AND_USER = sql.Read(
     {
-        **_columns(ApiToken, "id", "last_used_at", "scopes"),
+        **sql.fields_of(ApiToken, "id", "last_used_at", "scopes"),
         **{f"user_{field.attname}": field for field in USER_FIELDS},
     },
     "FROM governance_apitoken JOIN auth_user ON auth_user.id = governance_apitoken.user_id"
@@ -288,15 +250,15 @@ def _iso(value):
     return value.isoformat() if value else None
 
 
-RUN = PlainRead(
+RUN = sql.Read(
     {
-        **_columns(
+        **sql.fields_of(
             Run, "id", "thread_id", "status", "phase", "input", "created_at", "deadline_at",
             "last_progress_at", "cancel_requested_at", "decisions",
         ),
-        **_columns(Segment, "key", prefix="segment_"),
-        **_columns(BudgetAccount, "id", "limits", prefix="budget_"),
-        **_columns(
+        **sql.fields_of(Segment, "key", prefix="segment_"),
+        **sql.fields_of(BudgetAccount, "id", "limits", prefix="budget_"),
+        **sql.fields_of(
             Settlement, "outcome", "reason_code", "reason", "unknown_effects", "settled_at",
             prefix="settlement_",
         ),
@@ -307,23 +269,23 @@ RUN = PlainRead(
     " LEFT JOIN governance_settlement ON governance_settlement.run_id = governance_run.id"
     " WHERE governance_run.id = %s",
 )  # fmt: skip
-RUN_STAGES = PlainRead(
-    _columns(
+RUN_STAGES = sql.Read(
+    sql.fields_of(
         Stage, "seq", "kind", "enqueued_at", "started_at", "finished_at", "outcome",
         "timeout_name", "failure_class", "detail", "clocks", "deliveries",
     ),
     "FROM governance_stage WHERE run_id = %s ORDER BY seq",
 )  # fmt: skip
 # The provider is joined: an attempt's cost adds no query (issue 12, governance.rules.cost).
-RUN_ATTEMPTS = PlainRead(
+RUN_ATTEMPTS = sql.Read(
     {
-        **_columns(
+        **sql.fields_of(
             ProviderAttempt, "model", "kind", "result", "failure_class", "refusal_category",
             "status_code", "latency_ms", "usage",
         ),
-        **_columns(Stage, "seq", prefix="stage_"),
-        **_columns(Segment, "key", prefix="segment_"),
-        **_columns(
+        **sql.fields_of(Stage, "seq", prefix="stage_"),
+        **sql.fields_of(Segment, "key", prefix="segment_"),
+        **sql.fields_of(
             Provider, "provider_id", "price_input_per_mtok", "price_output_per_mtok",
             "price_cached_per_mtok", "currency",
         ),
@@ -335,15 +297,15 @@ RUN_ATTEMPTS = PlainRead(
     " WHERE governance_providerattempt.run_id = %s"
     " ORDER BY governance_providerattempt.started_at, governance_providerattempt.id",
 )  # fmt: skip
-RUN_RECEIPTS = PlainRead(
-    _columns(
+RUN_RECEIPTS = sql.Read(
+    sql.fields_of(
         ToolReceipt, "tool", "idempotency_key", "effect", "verified_at", "error", "server",
         "schema_version", "effect_class", "created_at", "finished_at",
     ),
     "FROM governance_toolreceipt WHERE run_id = %s ORDER BY id",
 )  # fmt: skip
-RUN_CHUNKS = PlainRead(
-    _columns(
+RUN_CHUNKS = sql.Read(
+    sql.fields_of(
         BodyChunk, "chunk_no", "version", "text", "final", "committed_at", "sent_at", "observed_at"
     ),
     "FROM governance_bodychunk WHERE run_id = %s ORDER BY chunk_no",
@@ -508,10 +470,10 @@ def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
     return JsonResponse(segment_json(services.open_segment(thread), time_source.now()))
 
 
-THREAD_AND_OPEN_SEGMENT = PlainRead(
+THREAD_AND_OPEN_SEGMENT = sql.Read(
     {
-        **_columns(Thread, "id", "callback_url"),
-        **_columns(Segment, "id", "key", prefix="segment_"),
+        **sql.fields_of(Thread, "id", "callback_url"),
+        **sql.fields_of(Segment, "id", "key", prefix="segment_"),
     },
     "FROM governance_thread LEFT JOIN governance_segment"
     " ON governance_segment.thread_id = governance_thread.id"

@@ -22,8 +22,17 @@ ENTRY_FIELDS = (
 
 
 def _ledger(account: BudgetAccount) -> budget_rules.Ledger:
-    entries = account.entries.order_by("id").values_list(*ENTRY_FIELDS)
-    return _ledger_of(account.limits, entries)
+    entry = _entry_columns()
+    rows = sql.fetch(
+        f"SELECT {entry.sql} FROM {sql.table(BudgetEntry)} e WHERE e.account_id = %s ORDER BY e.id",
+        [account.id],
+    )
+    return _ledger_of(account.limits, [entry.values(row) for row in rows])
+
+
+@cache
+def _entry_columns() -> sql.Columns:
+    return sql.Columns(BudgetEntry, "e", only=ENTRY_FIELDS)
 
 
 def _ledger_of(limits: dict, entries) -> budget_rules.Ledger:
@@ -35,10 +44,7 @@ def _ledger_of(limits: dict, entries) -> budget_rules.Ledger:
 
 @cache
 def _locked_ledger_sql() -> tuple[str, sql.Columns, sql.Columns]:
-    account, entry = (
-        sql.Columns(BudgetAccount, "a", only=("id", "limits")),
-        sql.Columns(BudgetEntry, "e", only=ENTRY_FIELDS),
-    )
+    account, entry = sql.Columns(BudgetAccount, "a", only=("id", "limits")), _entry_columns()
     text = (
         f"SELECT {account.sql}, {entry.sql} FROM {sql.table(BudgetAccount)} a"
         f" LEFT JOIN {sql.table(BudgetEntry)} e ON e.account_id = a.id"

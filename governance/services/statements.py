@@ -16,6 +16,7 @@ richer is a hand-written SELECT loaded with :class:`Columns`, or the ORM.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -73,6 +74,26 @@ def value(model: type[Model], name: str, raw: Any) -> Any:
     return field(model, name).get_db_prep_value(raw, connection, prepared=False)
 
 
+def _converting(columns) -> list[tuple[int, Any, list]]:
+    """For each selected column (a field's ``Col``) that needs one, its
+    converters in the compiler's order: the backend's, then the field's."""
+    converting = []
+    for index, column in enumerate(columns):
+        found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        if found:
+            converting.append((index, column, found))
+    return converting
+
+
+def _convert(values: list[Any], converting) -> list[Any]:
+    for index, column, converters in converting:
+        converted = values[index]
+        for convert in converters:
+            converted = convert(converted, column, connection)
+        values[index] = converted
+    return values
+
+
 class Columns:
     """One model's columns in a hand-written SELECT, and how to load them."""
 
@@ -88,28 +109,43 @@ class Columns:
         self.width = len(self.fields)
         self.pk_index = next((i for i, f in enumerate(self.fields) if f.primary_key), None)
         self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in self.fields)
-        self.converters = []
-        for index, model_field in enumerate(self.fields):
-            column = model_field.get_col(alias)
-            # The compiler's order: the backend's converters, then the field's.
-            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            if found:
-                self.converters.append((index, column, found))
+        self.converters = _converting([f.get_col(alias) for f in self.fields])
 
     def values(self, row: Row, start: int = 0) -> list[Any]:
-        values = list(row[start : start + self.width])
-        for index, column, converters in self.converters:
-            converted = values[index]
-            for convert in converters:
-                converted = convert(converted, column, connection)
-            values[index] = converted
-        return values
+        return _convert(list(row[start : start + self.width]), self.converters)
 
     def load(self, row: Row, start: int = 0) -> Model | None:
         """The instance in ``row`` from ``start``; None for an outer join's empty side."""
         if self.pk_index is not None and row[start + self.pk_index] is None:
             return None
         return self.model.from_db(connection.alias, self.attnames, self.values(row, start))
+
+
+def fields_of(model: type[Model], *names: str, prefix: str = "") -> dict[str, Field]:
+    """``model``'s fields by name (``prefix``: for a joined model's names), for :class:`Read`."""
+    return {prefix + name: model._meta.get_field(name) for name in names}
+
+
+class Read:
+    """``SELECT`` the columns given as ``{name: field}`` (fields of one table or
+    of joined ones, under their table names), then ``rest``: FROM, JOIN, WHERE
+    and ORDER BY, with ``%s`` for values. Its rows are named tuples of those
+    names, each value read as the ORM reads its field."""
+
+    def __init__(self, columns: dict[str, Field], rest: str) -> None:
+        self.row = namedtuple("Row", columns)
+        # Each column as a queryset selects it (the expression its converters expect).
+        self.columns = tuple(f.get_col(f.model._meta.db_table) for f in columns.values())
+        selected = ", ".join(f"{table(f.model)}.{quote(f.column)}" for f in columns.values())
+        self.sql = f"SELECT {selected} {rest}"
+        self._converting = None  # on first use: the backend is known by then
+
+    def rows(self, *params: Any) -> list[Any]:
+        if self._converting is None:
+            self._converting = _converting(self.columns)
+        return [
+            self.row._make(_convert(list(row), self._converting)) for row in fetch(self.sql, params)
+        ]
 
 
 @cache
