@@ -750,19 +750,8 @@ class Filler:
         )
 
     def finish(self) -> None:
-        """Move every sequence past the ids written here, write what the database's
-        triggers would have kept, and analyze."""
+        """Move every sequence past the ids written here, and analyze."""
         with self.conn.cursor() as cur:
-            # Each segment's billed tokens (migration 0017): its trigger, like every
-            # trigger, did not fire under session_replication_role = replica.
-            cur.execute(
-                "INSERT INTO governance_segmentusage (segment_id, provider_id, refused, "
-                "reported, bills_input, bills_output, bills_cached, requests, billed_input, "
-                "output, cached) SELECT segment_id, provider_id, result = 'refused', "
-                "usage_reported, usage_billed_input > 0, usage_output > 0, usage_cached > 0, "
-                "count(*), sum(usage_billed_input), sum(usage_output), sum(usage_cached) "
-                "FROM governance_providerattempt GROUP BY 1, 2, 3, 4, 5, 6, 7"
-            )
             cur.execute(
                 "SELECT table_name, column_name FROM information_schema.columns "
                 "WHERE table_name LIKE 'governance_%%' AND column_default LIKE 'nextval%%' "

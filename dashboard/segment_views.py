@@ -178,7 +178,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
         models=queries.switchable_models(segment) if can_act else [],
         kinds=KINDS,
         bad_cursor=not readable,
-        cost=costs.summary_view(queries.segment_cost(segment)),
+        cost=costs.summary_view(costs.cost_summary(segment.attempts.all())),
     )
     return render(request, "segments/detail.html", context, status=200 if readable else 400)
 

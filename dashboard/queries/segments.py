@@ -17,7 +17,6 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
-from dashboard.queries import costs
 from dashboard.status import human_duration
 from governance import services
 from governance.models import (
@@ -31,7 +30,6 @@ from governance.models import (
     SegmentRefusal,
     Stage,
 )
-from governance.rules.cost import CostSummary
 from governance.rules.refusal import (
     ProviderRefusal,
     RefusalError,
@@ -43,7 +41,6 @@ from governance.rules.refusal import (
     refused_at_datetime,
     schedule_of,
 )
-from governance.services.usage import segment_usage_shapes
 
 # Worst first: a segment's state is its worst provider state.
 STATE_ORDER = {"eligible": 0, "cooling": 1, "frozen": 2}
@@ -262,13 +259,6 @@ def segment_for_page(segment_id: int) -> Segment:
         ).prefetch_related("refusals"),
         pk=segment_id,
     )
-
-
-def segment_cost(segment: Segment) -> CostSummary:
-    """What the segment's requests cost: from the sums kept as they are written
-    (``services.usage.segment_usage_shapes``), priced at today's prices."""
-    shapes, prices = segment_usage_shapes(segment.id)
-    return costs.summarize(((p, result, shape) for _, p, result, shape in shapes), prices)
 
 
 def open_segment_of(segment: Segment) -> Segment | None:

@@ -1,11 +1,6 @@
 """The billed tokens of many provider requests, summed (issue 12): read by the
 run, segment and report pages and by the delivery judgement
 (``governance.services.deliveries``). The arithmetic is ``governance.rules.cost``.
-
-On PostgreSQL each segment's sums are also kept as its requests are written
-(``governance_segmentusage``, by the trigger of migration 0017), so the segment
-page reads a handful of rows however long the segment lived
-(``segment_usage_shapes``).
 """
 
 from __future__ import annotations
@@ -36,9 +31,6 @@ def merge_shape(found: dict, key: tuple, shape: UsageShape) -> None:
         had.requests + shape.requests, shape.reported, had.billed_input + shape.billed_input,
         had.output + shape.output, had.cached + shape.cached,
     )  # fmt: skip
-
-
-SEGMENT_USAGE = "governance_segmentusage"  # migration 0017, PostgreSQL only
 
 
 def usage_shapes(
@@ -92,29 +84,3 @@ def usage_shapes(
         prices[provider] = price
         merge_shape(found, (run_id, provider, result, shape.kinds, shape.reported), shape)
     return [(key[0], key[1], key[2], shape) for key, shape in found.items()], prices
-
-
-def segment_usage_shapes(segment_id: int) -> tuple[list[tuple], dict[int, Prices]]:
-    """``usage_shapes`` of one segment's requests (``by_run=False``), alike: on
-    PostgreSQL from the sums kept for the segment (one short query, however many
-    requests it holds), elsewhere summed from its requests."""
-    if connection.vendor != "postgresql":
-        return usage_shapes(ProviderAttempt.objects.filter(segment_id=segment_id), by_run=False)
-    priced = ", ".join(f"p.{name.removeprefix('provider__')}" for name in _PRICE_FIELDS)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT u.provider_id, {priced}, u.refused, u.reported, u.requests,
-                   u.billed_input, u.output, u.cached
-            FROM {SEGMENT_USAGE} AS u JOIN governance_provider AS p ON p.id = u.provider_id
-            WHERE u.segment_id = %s AND u.requests > 0
-            """,
-            [segment_id],
-        )
-        rows = cursor.fetchall()
-    found, prices = [], {}
-    for provider, p_in, p_out, p_cached, currency, refused, reported, n, b, o, c in rows:
-        prices[provider] = Prices(p_in, p_out, p_cached, currency)
-        shape = UsageShape(n, reported, int(b), int(o), int(c))
-        found.append((None, provider, "refused" if refused else "other", shape))
-    return found, prices
