@@ -38,24 +38,26 @@ def provider_health(
     )
 
 
-def providers_with_health(provider_ids: Sequence[str]) -> dict[str, Provider]:
+def providers_with_health(provider_ids: Sequence[str]) -> sql.Later[dict[str, Provider]]:
     """The providers named, each with its breaker row read along
     (``provider.health``; a provider with no failure yet has none)."""
-    if not provider_ids:
-        return {}
     providers, rows = sql.columns(Provider, "p"), sql.columns(ProviderHealthState, "h")
-    found = sql.fetch(
+
+    def loaded(found: list) -> dict[str, Provider]:
+        by_id = {}
+        for row in found:
+            provider = providers.load(row)
+            sql.cache_related(provider, "health", rows.load(row, providers.width))
+            by_id[provider.provider_id] = provider
+        return by_id
+
+    return sql.Later(
         f"SELECT {providers.sql}, {rows.sql} FROM {sql.table(Provider)} p"
         f" LEFT JOIN {sql.table(ProviderHealthState)} h ON h.provider_id = p.id"
-        f" WHERE p.provider_id IN ({sql.placeholders(len(provider_ids))}) ORDER BY p.provider_id",
+        f" WHERE {sql.is_in('p.provider_id', len(provider_ids))} ORDER BY p.provider_id",
         list(provider_ids),
+        loaded,
     )
-    loaded = {}
-    for row in found:
-        provider = providers.load(row)
-        sql.cache_related(provider, "health", rows.load(row, providers.width))
-        loaded[provider.provider_id] = provider
-    return loaded
 
 
 def breaker_policy(provider: Provider) -> health_rules.BreakerPolicy:

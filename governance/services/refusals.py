@@ -87,15 +87,18 @@ def segment_refusals(segment: Segment) -> dict[str, ProviderRefusal]:
     """R3.2 state of a segment, from the fast-read rows kept with the cards
     (the rows a page prefetched with ``prefetch_related("refusals")``, if any)."""
     if "refusals" in getattr(segment, "_prefetched_objects_cache", {}):
-        rows = segment.refusals.all()
-    else:
-        shape = sql.columns(SegmentRefusal, "f")
-        found = sql.fetch(
-            f"SELECT {shape.sql} FROM {sql.table(SegmentRefusal)} f WHERE f.segment_id = %s",
-            [segment.id],
-        )
-        rows = [shape.load(row) for row in found]
-    return {row.provider_id: refusal_of(row) for row in rows}
+        return {row.provider_id: refusal_of(row) for row in segment.refusals.all()}
+    return segment_refusals_later(segment).value()
+
+
+def segment_refusals_later(segment: Segment) -> sql.Later[dict[str, ProviderRefusal]]:
+    """:func:`segment_refusals`, read with others (``statements.together``)."""
+    shape = sql.columns(SegmentRefusal, "f")
+    return sql.Later(
+        f"SELECT {shape.sql} FROM {sql.table(SegmentRefusal)} f WHERE f.segment_id = %s",
+        [segment.id],
+        lambda found: {row.provider_id: refusal_of(row) for row in map(shape.load, found)},
+    )
 
 
 def record_turn(
@@ -176,22 +179,27 @@ def remember_turn_refusal(provider: Provider, request_digest: str, now: datetime
     )
 
 
-def turn_memory(provider_ids: Sequence[str], now: datetime) -> health_rules.TurnRefusalMemory:
-    memory = health_rules.TurnRefusalMemory()
-    if not provider_ids:
-        return memory
+def turn_memory(
+    provider_ids: Sequence[str], now: datetime
+) -> sql.Later[health_rules.TurnRefusalMemory]:
+    """R2.3: the requests each provider refused recently (the turn-level memory)."""
     shape = _memo_columns()
     since = now - health_rules.REFUSAL_SCOPE_TTL
-    rows = sql.fetch(
+
+    def remembered(rows: list) -> health_rules.TurnRefusalMemory:
+        memory = health_rules.TurnRefusalMemory()
+        for row in rows:
+            request_digest, refused_at = shape.values(row, 1)
+            memory = health_rules.remember_turn_refusal(memory, row[0], request_digest, refused_at)
+        return memory
+
+    return sql.Later(
         f"SELECT p.provider_id, {shape.sql} FROM {sql.table(TurnRefusalMemo)} m"
         f" JOIN {sql.table(Provider)} p ON p.id = m.provider_id"
-        f" WHERE p.provider_id IN ({sql.placeholders(len(provider_ids))}) AND m.refused_at > %s",
+        f" WHERE {sql.is_in('p.provider_id', len(provider_ids))} AND m.refused_at > %s",
         [*provider_ids, sql.value(TurnRefusalMemo, "refused_at", since)],
+        remembered,
     )
-    for row in rows:
-        request_digest, refused_at = shape.values(row, 1)
-        memory = health_rules.remember_turn_refusal(memory, row[0], request_digest, refused_at)
-    return memory
 
 
 @cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
@@ -66,6 +66,7 @@ from governance.services.refusals import (
     reprobe_delays,
     reprobe_schedules,
     segment_refusals,
+    segment_refusals_later,
     turn_memory,
 )
 from governance.services.runs import (
@@ -150,19 +151,21 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
 
 
 def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
-    stage = claim_stage(stage_id, now, lease=lease())
-    if stage is None:
-        return None
-    run = stage.run
-    if run.status == Run.Status.QUEUED:
-        sql.update(Run, {"id": run.id, "status": Run.Status.QUEUED}, status=Run.Status.RUNNING)
-        run.status = Run.Status.RUNNING
-    if stage.kind not in MODEL_STAGES or run.status == Run.Status.SETTLED:
-        return StageStart(stage)
-    # The thread row, locked by the claim, serialises the gate with the closes
-    # that wake waiting turns.
-    in_flight = bool(
-        sql.fetch(
+    # On PostgreSQL the claim's writes, the gate's question and the turn's reads
+    # go in one round trip after the claim's read (statements.together).
+    with sql.together():
+        stage = claim_stage(stage_id, now, lease=lease())
+        if stage is None:
+            return None
+        run = stage.run
+        if run.status == Run.Status.QUEUED:
+            sql.update(Run, {"id": run.id, "status": Run.Status.QUEUED}, status=Run.Status.RUNNING)
+            run.status = Run.Status.RUNNING
+        if stage.kind not in MODEL_STAGES or run.status == Run.Status.SETTLED:
+            return StageStart(stage)
+        # The thread row, locked by the claim, serialises the gate with the closes
+        # that wake waiting turns.
+        in_flight = sql.Later(
             _other_turn_sql(),
             [
                 sql.value(Run, "thread", run.thread_id),
@@ -170,18 +173,22 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
                 sql.value(Stage, "lease_until", now),
                 stage.id,
             ],
+            bool,
         )
-    )
-    if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
-        sql.update(
-            Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
+        # What the turn reads, in the claim's transaction (one commit fewer); read
+        # along with the gate's answer, and left unused when the turn must wait.
+        reads = (
+            _turn_reads(run, stage.seq, now)
+            if run.cancel_requested_at is None and now < run.deadline_at
+            else None
         )
-        stage.holder, stage.parked_at = "", now
-        return StageStart(stage, waiting=True)
-    if run.cancel_requested_at is None and now < run.deadline_at:
-        # What the turn reads, in the claim's transaction (one commit fewer).
-        return StageStart(stage, context=turn_context(run, stage.seq, now))
-    return StageStart(stage)
+        if not claim_rules.turn_may_start(other_turn_in_flight=in_flight.value()):
+            sql.update(
+                Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
+            )
+            stage.holder, stage.parked_at = "", now
+            return StageStart(stage, waiting=True)
+        return StageStart(stage, context=reads() if reads is not None else None)
 
 
 @cache
@@ -256,12 +263,26 @@ class TurnContext:
 
 def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
     """What a model turn reads, in one read transaction (the claim's, when called in it)."""
-    with transaction.atomic(savepoint=False):
-        # One open segment per thread: the run's, unless a boundary closed it.
-        segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
-        history = accepted_messages(segment.session_id)
-        providers = providers_with_health(run.thread.provider_chain)
-        rows = {p.pk: _health_row(p) for p in providers.values()}
+    with transaction.atomic(savepoint=False), sql.together():
+        return _turn_reads(run, stage_seq, now)()
+
+
+def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnContext]:
+    """Send what a model turn reads (inside ``statements.together``: at once);
+    the returned call reads the answers and builds the context."""
+    # One open segment per thread: the run's, unless a boundary closed it.
+    segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
+    chain = run.thread.provider_chain
+    history = accepted_messages(segment.session_id)
+    found = providers_with_health(chain)
+    refusals = segment_refusals_later(segment)
+    # R2.3's memory of the chain's providers (a provider that does not exist has none).
+    memory = turn_memory(chain, now)
+    # The body so far: a run's first stage has none by construction.
+    committed = _committed_chunks(run) if stage_seq > 1 else None
+
+    def context() -> TurnContext:
+        providers = found.value()
         verdicts = {}
         for provider in providers.values():
             if not provider.enabled:
@@ -269,33 +290,36 @@ def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
                     False, "disabled", None, "disabled by an administrator"
                 )
                 continue
-            value = provider_health(provider, rows.get(provider.pk))
+            value = provider_health(provider, _health_row(provider))
             verdicts[provider.provider_id] = health_rules.health_verdict(
                 value, now, provider.config_fingerprint()
             )
-        # The body so far: a run's first stage has none by construction.
-        committed = (
-            BodyChunk.objects.filter(run=run)
-            .order_by("chunk_no")
-            .values_list("chunk_no", "version")
-            if stage_seq > 1
-            else ()
-        )
-        publication = pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in committed))
+        chunks = committed.value() if committed is not None else ()
         return TurnContext(
             segment=segment,
             session=segment.session,
-            history=history,
+            history=history.value(),
             providers=providers,
-            refusals=segment_refusals(segment),
+            refusals=refusals.value(),
             health=verdicts,
-            memory=turn_memory(list(providers), now),
-            publication=publication,
+            memory=memory.value(),
+            publication=pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in chunks)),
             # R3.2's default and each provider's own schedule (issue 12), from the
             # providers read above: no query of its own.
             delays=reprobe_schedules(providers.values()),
             last_progress_at=run.last_progress_at,  # read with the claim
         )
+
+    return context
+
+
+def _committed_chunks(run: Run) -> sql.Later[list]:
+    return sql.Later(
+        f"SELECT c.chunk_no, c.version FROM {sql.table(BodyChunk)} c WHERE c.run_id = %s"
+        " ORDER BY c.chunk_no",
+        [sql.value(BodyChunk, "run", run.id)],
+        list,
+    )
 
 
 def _health_row(provider: Provider) -> ProviderHealthState | None:
@@ -440,36 +464,6 @@ def close_stage(
                 receipt.key, effect=receipt.effect, output=receipt.output,
                 error=receipt.error, now=now, verified=receipt.verified,
             )  # fmt: skip
-        if conclusion.history:
-            # One turn at a time per thread: nothing else appended since the gather.
-            append_history(
-                context.session, conclusion.history, run=run, now=now,
-                last_seq=len(context.history),
-            )  # fmt: skip
-        if conclusion.chunks:
-            write_chunks(run, conclusion.chunks, now, events)
-        progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
-        if conclusion.progress:
-            progress = max(progress, now)
-        if conclusion.facts:
-            events.append(facts_event(run, conclusion.facts, now, stage))
-        clocks = {}
-        if stage is not None:
-            stage.finished_at = now
-            clocks = stage_clock_values(run, stage, now, progress)
-            sql.update(
-                Stage,
-                {"id": stage.id},
-                finished_at=now,
-                outcome=conclusion.outcome,
-                timeout_name=conclusion.timeout_name,
-                failure_class=conclusion.failure_class,
-                detail=conclusion.detail[:4000],
-                clocks=clocks,
-            )
-            stage.outcome, stage.clocks = conclusion.outcome, clocks
-            stage.timeout_name = conclusion.timeout_name
-            stage.failure_class = conclusion.failure_class
         for other in abandoned:
             if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
                 finished_at=now,
@@ -479,34 +473,67 @@ def close_stage(
                 clocks={},
             ):
                 other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
-        if progress > run.last_progress_at:
-            run.last_progress_at = progress
-        if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
-            # The thread's turn is free again (its row is locked by _hold when a stage closes).
-            wake_next_turn(run.thread_id, now, thread_locked=stage is not None)
-        closed.decision = decision = _decide(run, stage, conclusion, now)
-        if decision.path is lc.Path.SETTLE:
-            row, created = settlement_row(
-                run, decision.settlement, now, events, known_absent=run.phase != "settled"
+        # From here on the writes' counts are not read: on PostgreSQL they go with
+        # the reads that follow them (statements.together), 3 round trips, not 8.
+        with sql.together():
+            if conclusion.history:
+                # One turn at a time per thread: nothing else appended since the gather.
+                append_history(
+                    context.session, conclusion.history, run=run, now=now,
+                    last_seq=len(context.history),
+                )  # fmt: skip
+            if conclusion.chunks:
+                write_chunks(run, conclusion.chunks, now, events)
+            progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
+            if conclusion.progress:
+                progress = max(progress, now)
+            if conclusion.facts:
+                events.append(facts_event(run, conclusion.facts, now, stage))
+            if stage is not None:
+                stage.finished_at = now
+                clocks = stage_clock_values(run, stage, now, progress)
+                sql.update(
+                    Stage,
+                    {"id": stage.id},
+                    finished_at=now,
+                    outcome=conclusion.outcome,
+                    timeout_name=conclusion.timeout_name,
+                    failure_class=conclusion.failure_class,
+                    detail=conclusion.detail[:4000],
+                    clocks=clocks,
+                )
+                stage.outcome, stage.clocks = conclusion.outcome, clocks
+                stage.timeout_name = conclusion.timeout_name
+                stage.failure_class = conclusion.failure_class
+            if progress > run.last_progress_at:
+                run.last_progress_at = progress
+            if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
+                # The thread's turn is free again (its row is locked by _hold when a stage closes).
+                wake_next_turn(run.thread_id, now, thread_locked=stage is not None)
+            closed.decision = decision = _decide(run, stage, conclusion, now)
+            if decision.path is lc.Path.SETTLE:
+                row, created = settlement_row(
+                    run, decision.settlement, now, events, known_absent=run.phase != "settled"
+                )
+                closed.settled = created
+                if created:
+                    # R7.3: the callback row is written with the settlement and
+                    # published only once both are committed.
+                    callback = callbacks.create_for_settlement(run, row, now)
+                    if callback is not None:
+                        callbacks.publish(callback.id)
+            sql.insert(events)
+            sql.update(
+                Run,
+                {"id": run.id},
+                last_progress_at=run.last_progress_at,
+                decisions=run.decisions,
+                phase=run.phase,
+                status=run.status,
             )
-            closed.settled = created
-            if created:
-                # R7.3: the callback row is written with the settlement and
-                # published only once both are committed.
-                callback = callbacks.create_for_settlement(run, row, now)
-                if callback is not None:
-                    callbacks.publish(callback.id)
-                if decision.critical_alert:
-                    closed.critical_alert = _no_provider_alert(run, decision, segment, now)
-        sql.insert(events)
-        sql.update(
-            Run,
-            {"id": run.id},
-            last_progress_at=run.last_progress_at,
-            decisions=run.decisions,
-            phase=run.phase,
-            status=run.status,
-        )
+        if closed.settled and decision.critical_alert:
+            # Outside the block: a notice may update its existing row (a count is read).
+            closed.critical_alert = _no_provider_alert(run, decision, segment, now)
     return closed
 
 

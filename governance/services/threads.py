@@ -311,15 +311,15 @@ def boundary_for_key(idempotency_key: str) -> Segment | None:
     return _boundary_done(f"boundary:{idempotency_key}") if idempotency_key else None
 
 
-def accepted_messages(session_id: Any) -> list[dict[str, Any]]:
+def accepted_messages(session_id: Any) -> sql.Later[list[dict[str, Any]]]:
     """A session's accepted history in order, as the messages a turn replays (R1.1)."""
     shape = _message_columns()
-    rows = sql.fetch(
+    return sql.Later(
         f"SELECT {shape.sql} FROM {sql.table(HistoryItem)} h WHERE h.session_id = %s"
         " ORDER BY h.seq",
         [sql.value(HistoryItem, "session", session_id)],
+        lambda rows: [dict(zip(shape.attnames, shape.values(row), strict=True)) for row in rows],
     )
-    return [dict(zip(shape.attnames, shape.values(row), strict=True)) for row in rows]
 
 
 @cache

@@ -61,11 +61,11 @@ def test_columns_load_what_the_orm_loads():
 def test_columns_load_none_for_an_outer_joins_missing_side():
     """R2.2: a provider with no breaker row yet reads as one without failures."""
     provider = Provider.objects.create(provider_id="lonely", kind="scripted", model="m")
-    found = providers_with_health(["lonely"])
+    found = providers_with_health(["lonely"]).value()
     with pytest.raises(ProviderHealthState.DoesNotExist):
         found["lonely"].health  # noqa: B018 - the access is the assertion
     ProviderHealthState.objects.create(provider=provider, consecutive_failures=2)
-    found = providers_with_health(["lonely"])
+    found = providers_with_health(["lonely"]).value()
     assert found["lonely"].health.consecutive_failures == 2
 
 
@@ -107,6 +107,24 @@ def test_update_matches_on_equality_and_null_and_counts_rows():
     stage.refresh_from_db()
     assert (stage.outcome, stage.clocks, stage.detail) == ("x", {"a": 1}, "")
     assert stage.finished_at == now
+
+
+def test_reads_sent_together_answer_as_reads_sent_alone(django_assert_num_queries):
+    """R6.6: the claim's reads share one round trip on PostgreSQL (psycopg's
+    pipeline mode) and answer exactly as when each is sent on its own."""
+    from django.db import connection
+
+    run, _stage = _run()
+    text = f"SELECT r.id, r.status FROM {sql.table(Run)} r WHERE r.id = %s"
+    alone, stages = sql.fetch(text, [run.id]), Stage.objects.count()
+    with django_assert_num_queries(3), sql.together():
+        assert connection.connection._pipeline is not None
+        first = sql.Later(text, [run.id], list)
+        second = sql.Later(text, [run.id], len)
+        count = sql.Later(f"SELECT count(*) FROM {sql.table(Stage)} s", [], lambda r: r[0][0])
+        assert (first.value(), second.value(), count.value()) == (alone, 1, stages)
+    assert connection.connection._pipeline is None
+    assert sql.Later(text, [run.id], list).value() == alone  # outside: sent at once
 
 
 def test_lock_clause_names_the_locked_tables_on_postgresql():

@@ -179,7 +179,7 @@ def test_a_stage_whose_facts_cannot_be_read_is_concluded_not_left_claimed(
     def unreadable(*_args, **_kwargs):
         raise RuntimeError("history row unreadable")
 
-    monkeypatch.setattr(stage_service, "turn_context", unreadable)
+    monkeypatch.setattr(stage_service, "_turn_reads", unreadable)
     assert run_stage(stage.id) == "error"
     row = Stage.objects.get(id=stage.id)
     assert row.finished_at is not None and row.outcome == "error"
