@@ -814,16 +814,20 @@ class System:
     def admin_conn(self) -> psycopg.Connection:
         return psycopg.connect(with_db(self.database_url, "postgres"), autocommit=True)
 
-    def fresh_database(self) -> None:
-        name, role = self.db_name, self.app_role
-        if not name or not name.replace("_", "").isalnum():
-            raise BenchError(1, f"bench database name must be [A-Za-z0-9_]+, not {name!r}")
+    def require_loopback(self) -> None:
+        """The benchmark's servers are loopback ones: it never sends load elsewhere."""
         for url, what in (
             (self.database_url, "BENCH_SCALE_DATABASE_URL"),
             (self.redis_url, "BENCH_SCALE_REDIS_URL"),
         ):
             if (urlsplit(url).hostname or "") not in LOOPBACK:
                 raise BenchError(1, f"{what} must point at a loopback address")
+
+    def fresh_database(self) -> None:
+        name, role = self.db_name, self.app_role
+        if not name or not name.replace("_", "").isalnum():
+            raise BenchError(1, f"bench database name must be [A-Za-z0-9_]+, not {name!r}")
+        self.require_loopback()
         with self.admin_conn() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'DROP ROLE IF EXISTS "{role}"')
@@ -929,12 +933,7 @@ class System:
         new session; the long-lived segment and the sample run are found again (as
         the filler chose them: the segment with the most runs; the newest run
         elsewhere)."""
-        for url, what in (
-            (self.database_url, "BENCH_SCALE_DATABASE_URL"),
-            (self.redis_url, "BENCH_SCALE_REDIS_URL"),
-        ):
-            if (urlsplit(url).hostname or "") not in LOOPBACK:
-                raise BenchError(1, f"{what} must point at a loopback address")
+        self.require_loopback()
         with self.admin_conn() as conn:
             if not conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", [self.db_name]
