@@ -115,7 +115,8 @@ def together() -> Iterator[None]:
 
 
 def execute(sql: str, params: Sequence[Any] = ()) -> int:
-    """Run a statement; the number of rows it changed."""
+    """Run a statement; the number of rows it changed (-1 inside :func:`together`:
+    not known until the block's round trip)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -262,7 +263,7 @@ def _insert_sql(model: type[Model], attnames: tuple[str, ...], count: int, retur
 
 def update(model: type[Model], where: Mapping[str, Any], **values: Any) -> int:
     """UPDATE the rows matching ``where`` (equality; None means IS NULL) and
-    say how many changed, as ``QuerySet.update`` does."""
+    say how many changed, as ``QuerySet.update`` does (-1 inside :func:`together`)."""
     sql = _update_sql(model, tuple(values), tuple((k, v is None) for k, v in where.items()))
     params = [field(model, k).get_db_prep_save(v, connection) for k, v in values.items()]
     params += [value(model, k, v) for k, v in where.items() if v is not None]
