@@ -60,12 +60,6 @@ def lock_clause(*aliases: str) -> str:
     return " FOR UPDATE"
 
 
-def fetch(sql: str, params: Sequence[Any] = ()) -> list[Row]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
 class Later(Generic[T]):
     """A read sent now whose rows are read, and built into a value, when first
     asked for: inside :func:`together` several reads share one round trip."""
@@ -83,6 +77,11 @@ class Later(Generic[T]):
                 self._cursor.close()
             self._built = True
         return self._value
+
+
+def fetch(sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    """The rows of a read, now (inside :func:`together`: with what was queued before it)."""
+    return Later(sql, params, list).value()
 
 
 _blocks = threading.local()  # this thread's open together() blocks: inserts' keys to read
