@@ -19,20 +19,22 @@ import pydantic_core
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection, transaction
 from django.db.models import Q
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from dashboard import permissions
+from dashboard import permissions, run_waits
 from dashboard.api_schemas import (
     BoundaryApply,
     NotificationQuery,
     ProviderCreate,
     ProviderUpdate,
+    RunQuery,
     RunSubmit,
     ThreadCreate,
     ThreadQuery,
@@ -42,7 +44,6 @@ from governance import services, time_source
 from governance.models import (
     ApiToken,
     BodyChunk,
-    BudgetAccount,
     Notification,
     Provider,
     ProviderAttempt,
@@ -257,7 +258,6 @@ RUN = sql.Read(
             "last_progress_at", "cancel_requested_at", "decisions",
         ),
         **sql.fields_of(Segment, "key", prefix="segment_"),
-        **sql.fields_of(BudgetAccount, "id", "limits", prefix="budget_"),
         **sql.fields_of(
             Settlement, "outcome", "reason_code", "reason", "unknown_effects", "settled_at",
             prefix="settlement_",
@@ -265,7 +265,6 @@ RUN = sql.Read(
     },
     "FROM governance_run"
     " JOIN governance_segment ON governance_segment.id = governance_run.segment_id"
-    " LEFT JOIN governance_budgetaccount ON governance_budgetaccount.run_id = governance_run.id"
     " LEFT JOIN governance_settlement ON governance_settlement.run_id = governance_run.id"
     " WHERE governance_run.id = %s",
 )  # fmt: skip
@@ -320,8 +319,9 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
     if not found:
         return None
     run = found[0]
-    chunks = RUN_CHUNKS.rows(key)
-    attempts = RUN_ATTEMPTS.rows(key)
+    stages, attempts = RUN_STAGES.rows(key), RUN_ATTEMPTS.rows(key)
+    receipts, chunks = RUN_RECEIPTS.rows(key), RUN_CHUNKS.rows(key)
+    budget = services.run_budget_view(run_id)
     attempt_costs = [
         attempt_cost(
             attempt.usage,
@@ -360,7 +360,7 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
                 "clocks": stage.clocks,
                 "deliveries": stage.deliveries,
             }
-            for stage in RUN_STAGES.rows(key)
+            for stage in stages
         ],
         "attempts": [
             {
@@ -386,7 +386,7 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
         ),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
-            for name, b in services.budget_view(_with_budget(run)).items()
+            for name, b in (budget or {}).items()
         },
         "receipts": [
             {
@@ -401,7 +401,7 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
                 "effect_class": receipt.effect_class or None,
                 "latency_ms": receipt_latency_ms(receipt),
             }
-            for receipt in RUN_RECEIPTS.rows(key)
+            for receipt in receipts
         ],
         "chunks": [
             {
@@ -427,19 +427,6 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
             else None
         ),
     }
-
-
-def _with_budget(row) -> Run:
-    """The run of ``RUN``'s row carrying its budget account as read, for
-    ``services.budget_view`` (which reads the ledger's entries). Without an
-    account the run asks the database, as before."""
-    run = Run.from_db(connection.alias, ["id"], [row.id])
-    if row.budget_id is not None:
-        account = BudgetAccount.from_db(
-            connection.alias, ["id", "limits"], [row.budget_id, row.budget_limits]
-        )
-        account.run = run  # and so run.budget is the account, as select_related leaves it
-    return run
 
 
 # --------------------------------------------------------------------------- views
@@ -530,12 +517,48 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     )  # fmt: skip
 
 
+# A run's existence and whether it is settled, in one statement: no row, no run.
+SETTLED = (
+    "SELECT EXISTS (SELECT 1 FROM governance_settlement WHERE run_id = governance_run.id)"
+    " FROM governance_run WHERE governance_run.id = %s"
+)
+
+
 @api_view(("GET",))
-def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
-    answer = run_json(_uuid(run_id, "run"))
-    if answer is None:
+def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
+    wait_s = parse_query(request, RunQuery).wait if request.GET else None
+    key = _uuid(run_id, "run")
+    if not wait_s:
+        answer = run_json(key)
+        if answer is None:
+            raise ApiError(404, None, "no such run")
+        return JsonResponse(answer)
+    db_key = _db_value(Run, key)
+
+    def is_settled() -> bool | None:
+        found = sql.fetch(SETTLED, (db_key,))
+        return bool(found[0][0]) if found else None
+
+    def final_answer() -> bytes:
+        answer = run_json(key)
+        if answer is None:  # deleted while the answer waited (its 200 is sent)
+            answer = {"error": {"field": None, "message": "no such run (deleted)"}}
+        return JsonResponse(answer).content
+
+    settled = is_settled()
+    if settled is None:
         raise ApiError(404, None, "no such run")
-    return JsonResponse(answer)
+    if settled:
+        return HttpResponse(final_answer(), content_type="application/json")
+    # Not settled: the answer waits for the settlement (dashboard/run_waits.py).
+    body = (
+        run_waits.answer_when_settled(str(key), wait_s, is_settled, final_answer)
+        if isinstance(request, ASGIRequest)
+        else run_waits.answer_when_settled_sync(wait_s, is_settled, final_answer)
+    )
+    response = StreamingHttpResponse(body, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @api_view(("POST",))

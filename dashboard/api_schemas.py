@@ -330,6 +330,18 @@ class ThreadQuery(PageQuery):
     pass
 
 
+RUN_WAIT_MAX_S = 60  # the longest a request may wait (proxies commonly cut at 60 s)
+
+
+class RunQuery(Query):
+    wait: Annotated[float, Field(ge=0, le=RUN_WAIT_MAX_S)] | None = Field(
+        None,
+        description="seconds, 0 to 60: if the run is not settled yet, answer when it settles"
+        " or when this time has passed, whichever is first (one request instead of polling);"
+        " the answer is the run as it is then",
+    )
+
+
 _QueryTime = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]
 
 

@@ -162,8 +162,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "get", "/api/v1/runs/{run_id}", "A run: lifecycle, stages and clocks, attempts, "
         "budget, receipts, body and settlement",
-        {200: ("the run", s.RunAnswer)}, errors=(401, 404, 405, 500), tags=("runs",),
-        parameters=(RUN_ID,),
+        {200: ("the run", s.RunAnswer)}, errors=(400, 401, 404, 405, 500), tags=("runs",),
+        parameters=(RUN_ID, *_query(s.RunQuery)),
     ),
     Operation(
         "post", "/api/v1/runs/{run_id}/cancel", "Stop a run (R7.1: only an explicit stop cancels)",

@@ -22,7 +22,6 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from functools import partial
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
@@ -38,6 +37,7 @@ from django.views.decorators.http import require_POST
 from dashboard import permissions
 from dashboard.api import ApiError, _authenticate, error_response, parse_body
 from dashboard.api_schemas import AckBody
+from dashboard.loop_db import off_loop
 from governance import services, time_source
 from governance.models import Run, RunEvent, Settlement
 from governance.services import stream as stream
@@ -47,11 +47,6 @@ POLL_S = 0.5  # how often new events are looked for
 KEEPALIVE_S = 15.0  # a comment line on an idle stream so proxies keep it open
 RETRY_MS = 1000  # the browser's reconnect delay (EventSource ``retry:``)
 BATCH = 500  # events per read
-
-# Stream reads run on the loop's bounded thread pool, not in each request's own
-# thread: database connections stay bounded by the pool size, not the stream count.
-_db = partial(sync_to_async, thread_sensitive=False)
-
 
 # --------------------------------------------------------------------------- auth
 
@@ -157,7 +152,7 @@ class _Hub:
     async def _poll(self) -> None:
         while self.waiters:
             # Not thread-sensitive: the hub outlives the request that started it.
-            latest = await _db(_newest_event_id)()
+            latest = await off_loop(_newest_event_id)()
             if latest != self.latest:
                 self.latest = latest
                 self.changed.set()
@@ -199,12 +194,12 @@ async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[by
         idle_since = time.monotonic()
         settled_empty = 0
         while True:
-            events, settled = await _db(_read)(run_id, last_id)
+            events, settled = await off_loop(_read)(run_id, last_id)
             if events:
                 yield b"".join(_frame(*event) for event in events)
                 # Resumed: the previous bytes were handed to the transport.
                 last_id = events[-1][0]
-                await _db(_written)(run_id, connection_id, events, time_source.now())
+                await off_loop(_written)(run_id, connection_id, events, time_source.now())
                 idle_since = time.monotonic()
                 if _ends(events):
                     return  # R7.1: settlement streamed: replay/stream ends here
@@ -221,7 +216,7 @@ async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[by
             await _hub().wait(min(POLL_S * 2, KEEPALIVE_S) if settled else KEEPALIVE_S)
     finally:
         # R7.1: the transport went away (or the stream ended): detached, not cancelled.
-        await asyncio.shield(_db(_detach)(connection_id))
+        await asyncio.shield(off_loop(_detach)(connection_id))
 
 
 def _detach(connection_id: str) -> None:

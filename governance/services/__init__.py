@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from governance.services.alerts import acknowledge_notification, emit_notice
 from governance.services.audit import audit
-from governance.services.budget import admit, budget_view
+from governance.services.budget import admit, budget_view, run_budget_view
 from governance.services.claims import holder_gone, renew_leases
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.events import record_event, record_fact
@@ -93,6 +93,7 @@ __all__ = [
     "reprobe_delays",
     "reprobe_schedules",
     "request_cancel",
+    "run_budget_view",
     "run_facts",
     "run_goal",
     "schedule_choice",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cache
+from typing import Any
 
 from django.db import transaction
 
@@ -43,25 +44,34 @@ def _ledger_of(limits: dict, entries) -> budget_rules.Ledger:
 
 
 @cache
-def _locked_ledger_sql() -> tuple[str, sql.Columns, sql.Columns]:
+def _run_ledger_sql(locked: bool) -> tuple[str, sql.Columns, sql.Columns]:
     account, entry = sql.Columns(BudgetAccount, "a", only=("id", "limits")), _entry_columns()
     text = (
         f"SELECT {account.sql}, {entry.sql} FROM {sql.table(BudgetAccount)} a"
         f" LEFT JOIN {sql.table(BudgetEntry)} e ON e.account_id = a.id"
-        f" WHERE a.run_id = %s ORDER BY e.id{sql.lock_clause('a')}"
+        f" WHERE a.run_id = %s ORDER BY e.id{sql.lock_clause('a') if locked else ''}"
     )
     return text, account, entry
 
 
-def _locked_ledger(run: Run) -> tuple[int, budget_rules.Ledger]:
-    """The run's account row locked (the admission lock) and its ledger, in one read."""
-    text, account, entry = _locked_ledger_sql()
-    rows = sql.fetch(text, [sql.value(BudgetAccount, "run", run.id)])
+def _run_ledger(run_id: Any, *, locked: bool) -> tuple[int, budget_rules.Ledger] | None:
+    """The run's account id and ledger (``locked``: its row locked, the
+    admission lock), read in one statement; None without an account."""
+    text, account, entry = _run_ledger_sql(locked)
+    rows = sql.fetch(text, [sql.value(BudgetAccount, "run", run_id)])
     if not rows:
-        raise BudgetAccount.DoesNotExist(f"run {run.id} has no budget account")
+        return None
     account_id, limits = account.values(rows[0])
     entries = [entry.values(row, account.width) for row in rows if row[account.width] is not None]
     return account_id, _ledger_of(limits, entries)
+
+
+def _locked_ledger(run: Run) -> tuple[int, budget_rules.Ledger]:
+    """The run's account row locked (the admission lock) and its ledger, in one read."""
+    found = _run_ledger(run.id, locked=True)
+    if found is None:
+        raise BudgetAccount.DoesNotExist(f"run {run.id} has no budget account")
+    return found
 
 
 def admit(
@@ -104,4 +114,15 @@ def admit(
 
 def budget_view(run: Run) -> dict[str, budget_rules.Balance]:
     """R5.1: the runtime reads this view; it never keeps a second ledger."""
-    return {r.value: b for r, b in budget_rules.balance(_ledger(run.budget)).items()}
+    return _balances(_ledger(run.budget))
+
+
+def run_budget_view(run_id: Any) -> dict[str, budget_rules.Balance] | None:
+    """:func:`budget_view` of a run known by its id: the account and its
+    entries in one read; None for a run without an account."""
+    found = _run_ledger(run_id, locked=False)
+    return None if found is None else _balances(found[1])
+
+
+def _balances(ledger: budget_rules.Ledger) -> dict[str, budget_rules.Balance]:
+    return {r.value: b for r, b in budget_rules.balance(ledger).items()}

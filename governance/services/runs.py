@@ -121,7 +121,11 @@ def submit_run(
             raise ServiceError("previous_run", str(exc)) from None
 
     def admit_new() -> tuple[Run, Stage, bool]:
-        run = Run.objects.create(
+        # The run, its one ledger and its first stage, inserted by fixed SQL (no
+        # queryset compiled). Not in a statements.together block: for three
+        # inserts psycopg's pipeline costs more CPU than the round trips it saves
+        # (measured in process: 2.2 ms of CPU, 2.8 with the ORM, 3.8 pipelined).
+        run = Run(
             id=run_id,
             thread=thread,
             segment=segment or open_segment(thread),
@@ -141,14 +145,16 @@ def submit_run(
             callback_url=thread.callback_url,
             previous_run=previous_run,
         )
-        BudgetAccount.objects.create(run=run, limits=merged)
-        stage = enqueue_stage(
-            run,
-            Stage.Kind.MODEL_TURN,
-            {"increment": [{"role": "user", "content": input}]},
-            now,
+        stage = Stage(
+            run=run,
             seq=1,  # a new run's first stage
+            kind=Stage.Kind.MODEL_TURN,
+            payload={"increment": [{"role": "user", "content": input}]},
+            enqueued_at=now,  # its queue clock starts here (R6.1)
         )
+        sql.insert([run])
+        sql.insert([BudgetAccount(run=run, limits=merged)])
+        sql.insert([stage])
         return run, stage, True
 
     try:
@@ -384,6 +390,11 @@ def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
         run.phase = "finalization"
 
 
+# NOTIFY channel of a new settlement (payload: the run's id), heard by the web's
+# waiting reads (``GET /api/v1/runs/{id}?wait=``) so they answer at the commit.
+RUN_SETTLED_CHANNEL = "governance_run_settled"
+
+
 def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settlement, bool]:
     """R6.5: written once; a repeat returns the settlement that stands."""
     try:
@@ -416,6 +427,7 @@ def settlement_row(
         settled_at=now,
     )
     sql.insert([row])
+    sql.notify(RUN_SETTLED_CHANNEL, str(run.id))
     run.status, run.phase = Run.Status.SETTLED, "settled"
     events.append(
         new_event(

@@ -121,6 +121,14 @@ def execute(sql: str, params: Sequence[Any] = ()) -> int:
         return cursor.rowcount
 
 
+def notify(channel: str, payload: str) -> None:
+    """PostgreSQL's NOTIFY: listeners of ``channel`` hear ``payload`` when this
+    transaction commits, never if it rolls back. Elsewhere (SQLite) nothing is
+    sent; a listener must not depend on hearing it (it is a prompt, not a fact)."""
+    if connection.vendor == "postgresql":
+        execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
 def field(model: type[Model], name: str) -> Field:
     return model._meta.get_field(name)
 

@@ -10,41 +10,19 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
 from dashboard import stream_views
-from dashboard.api import token_digest
 from governance import services, time_source
-from governance.models import ApiToken, BodyChunk, Provider, Run, RunEvent, RunViewer, Stage
+from governance.models import BodyChunk, Run, RunEvent, RunViewer, Stage
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from tests.dashboard.conftest import CLIENT_AUTH
 
 pytestmark = pytest.mark.django_db(transaction=True)
-TOKEN = "stream-token-" + "y" * 20
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+AUTH = CLIENT_AUTH
 
 
 @pytest.fixture(autouse=True)
 def fast_stream(monkeypatch):
     monkeypatch.setattr(stream_views, "POLL_S", 0.05)
     monkeypatch.setattr(stream_views, "KEEPALIVE_S", 0.3)
-
-
-@pytest.fixture
-def token_user(django_user_model):
-    from django.contrib.auth.models import Group
-
-    from governance.roles import ensure_roles
-
-    ensure_roles()  # a transactional test's flush removes the migration's groups
-    user = django_user_model.objects.create_user("streamer", password="unused-password-1")
-    user.groups.add(Group.objects.get(name="agent-client"))
-    ApiToken.objects.create(user=user, name="t", key_digest=token_digest(TOKEN))
-    return user
-
-
-@pytest.fixture
-def run():
-    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
-    thread = services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
-    the_run, _stage, _ = services.submit_run(thread, input="tell me", now=time_source.now())
-    return the_run
 
 
 def settle(run, outcome=Outcome.COMPLETED, code=ReasonCode.ANSWERED):

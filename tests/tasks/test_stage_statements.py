@@ -65,8 +65,11 @@ def test_a_single_turn_run_costs_three_worker_transactions_and_one_web_transacti
     # The run, its budget account and its first stage, after one read of the segment.
     assert len(web) <= 6, submitted.captured_queries
     # Claim with the turn's facts (10), the ledger's admission (4: the account
-    # locked and its entries read in one statement), the close (13).
-    assert len(worker) <= 27, "\n".join(q["sql"][:120] for q in executed.captured_queries)
+    # locked and its entries read in one statement), the close (14, its NOTIFY
+    # of the settlement sent with its writes).
+    assert len(worker) <= 28, "\n".join(q["sql"][:120] for q in executed.captured_queries)
+    notified = sum("pg_notify" in q["sql"] for q in executed.captured_queries)
+    assert notified == (1 if connection.vendor == "postgresql" else 0)
 
 
 def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key(
@@ -94,10 +97,10 @@ def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key
 
 def test_a_poll_of_a_runs_detail_is_seven_plain_statements(api, scripted_provider, monkeypatch):
     """GET /api/v1/runs/{id}, which a client polls to see its run settle: the
-    token with its user; the run with its segment, budget account and
-    settlement; its chunks, attempts, stages, ledger entries and receipts. No
-    queryset's SQL is built (services.budget_view reads the entries as the
-    ledger's admission does)."""
+    token with its user; the run with its segment and settlement; its stages,
+    attempts, receipts, chunks, and its budget account with its entries. No
+    queryset's SQL is built (services.run_budget_view reads the ledger as
+    the admission does)."""
     monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
     scripted_provider("counted", ANSWER)
     thread = api.post("/api/v1/threads", {"provider_chain": ["counted"]}, expect=201).json()

@@ -1,0 +1,163 @@
+"""Waiting for a run to settle: ``GET /api/v1/runs/{id}?wait=S``.
+
+A client that wants the settlement asks once and is answered when the run
+settles, instead of asking again and again: polling costs the server a request
+per poll and, on a small machine, takes the CPU the run itself needs.
+
+How a waiting request hears the settlement: the transaction that writes a
+settlement also sends ``NOTIFY governance_run_settled`` with the run's id
+(``services.runs.settlement_row``), which PostgreSQL delivers at the commit.
+Each web event loop holds one connection on ``LISTEN`` for it (opened by the
+first waiting request, closed after ``LINGER_S`` with none) and wakes the
+requests waiting for that run. The notification is a prompt, not a fact: a
+woken request reads the database, and every waiting request reads it again
+every ``RECHECK_S`` anyway, so a lost connection, a settlement committed before
+the ``LISTEN`` or SQLite (which has no NOTIFY) delays an answer by at most that.
+Under a WSGI server (runserver, the tests' live server) the request polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import psycopg
+from django.db import close_old_connections, connection
+
+from dashboard.loop_db import off_loop
+from governance.services.runs import RUN_SETTLED_CHANNEL
+
+log = logging.getLogger(__name__)
+
+RECHECK_S = 2.0  # a waiting request reads its run this often, heard or not
+POLL_S = 0.05  # without a listener (SQLite, WSGI, while it connects): read this often
+LINGER_S = 60.0  # the listener's connection stays this long with nobody waiting
+RETRY_MAX_S = 10.0  # the longest pause before connecting again after a failure
+
+
+def _listen_params() -> dict[str, Any]:
+    """The web's own connection settings, for a plain async connection."""
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return params
+
+
+class _Listener:
+    """One per event loop: a connection on LISTEN and the requests waiting by run."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, set[asyncio.Event]] = {}
+        self.listening = False  # LISTEN is in place: a notification will be heard
+        self.task: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def watch(self, run_id: str) -> Iterator[asyncio.Event]:
+        heard = asyncio.Event()
+        self.waiting.setdefault(run_id, set()).add(heard)
+        if self.task is None and connection.vendor == "postgresql":
+            self.task = asyncio.get_running_loop().create_task(
+                self._listen(), context=contextvars.Context()
+            )
+        try:
+            yield heard
+        finally:
+            found = self.waiting.get(run_id)
+            if found is not None:
+                found.discard(heard)
+                if not found:
+                    del self.waiting[run_id]
+
+    async def _listen(self) -> None:
+        me = asyncio.current_task()
+        pause = 0.2
+        try:
+            while True:
+                try:
+                    params = await off_loop(_listen_params)()
+                    async with await psycopg.AsyncConnection.connect(
+                        autocommit=True, **params
+                    ) as listen:
+                        await listen.execute(f"LISTEN {RUN_SETTLED_CHANNEL}")
+                        self.listening, pause = True, 0.2
+                        if await self._hear(listen):
+                            # Nobody waited for LINGER_S. Retired before the
+                            # connection's close is awaited: a request arriving
+                            # meanwhile starts a listener of its own.
+                            self._retire(me)
+                            return
+                except (psycopg.Error, OSError) as exc:
+                    log.warning("run waits: listening for settlements failed: %s", exc)
+                if self.task is me:
+                    self.listening = False
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+        finally:
+            self._retire(me)
+
+    def _retire(self, task: asyncio.Task | None) -> None:
+        if self.task is task:
+            self.task, self.listening = None, False
+
+    async def _hear(self, listen: psycopg.AsyncConnection) -> bool:
+        """Wake the waiters of each settled run; True once nobody waited for LINGER_S."""
+        idle_since = None
+        while True:
+            async for note in listen.notifies(timeout=min(LINGER_S, 1.0) or 0.01):
+                for heard in self.waiting.get(note.payload, ()):
+                    heard.set()
+            if self.waiting:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            if idle_since is not None and time.monotonic() - idle_since >= LINGER_S:
+                return True
+
+
+_listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _listener() -> _Listener:
+    loop = asyncio.get_running_loop()
+    found = _listeners.get(loop)
+    if found is None:
+        found = _listeners[loop] = _Listener()
+    return found
+
+
+async def answer_when_settled(
+    run_id: str, wait_s: float, is_settled: Callable[[], bool | None], answer: Callable[[], bytes]
+) -> AsyncIterator[bytes]:
+    """The body of a waiting request: ``answer()`` once ``is_settled()`` is not
+    False (None: the run is gone) or after ``wait_s``. Both read the database;
+    they run off the event loop."""
+    deadline = time.monotonic() + wait_s
+    listener = _listener()
+    with listener.watch(run_id) as heard:
+        # Watching before this first read: a settlement committed after it is heard.
+        while await off_loop(is_settled)() is False:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            pause = RECHECK_S if listener.listening else POLL_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(heard.wait(), min(left, pause))
+            heard.clear()
+    yield await off_loop(answer)()
+
+
+def answer_when_settled_sync(
+    wait_s: float, is_settled: Callable[[], bool | None], answer: Callable[[], bytes]
+) -> Iterator[bytes]:
+    """The same under a WSGI server: the request's own thread polls."""
+    deadline = time.monotonic() + wait_s
+    while is_settled() is False and time.monotonic() < deadline:
+        close_old_connections()
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+    yield answer()

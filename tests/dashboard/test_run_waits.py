@@ -1,0 +1,265 @@
+"""``GET /api/v1/runs/{id}?wait=S``: one request answered when the run settles.
+
+Through the Django test client (WSGI: the request's thread polls) and through
+``dashboard.asgi`` under a real uvicorn on PostgreSQL, where the settling
+transaction's NOTIFY wakes the waiting request: the tests make every fallback
+read far slower than the wait, so only the notification can answer in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from django.db import connection, transaction
+
+from dashboard import run_waits
+from governance import services, time_source
+from governance.models import Run
+from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from tests.dashboard.conftest import CLIENT_AUTH
+
+pytestmark = pytest.mark.django_db(transaction=True)
+AUTH = CLIENT_AUTH
+on_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's; SQLite answers by polling"
+)
+
+
+def settle(run) -> None:
+    services.settle(
+        run, Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "done for the test"),
+        time_source.now(),
+    )  # fmt: skip
+
+
+def body_of(response) -> dict:
+    import json
+
+    raw = b"".join(response.streaming_content) if response.streaming else response.content
+    return json.loads(raw)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("wait=soon", "wait"),
+        ("wait=-1", "wait"),
+        ("wait=61", "wait"),
+        ("wait=nan", "wait"),
+        ("wait=inf", "wait"),
+        ("wait=1&wait=2", "wait"),
+        ("hold=1", "hold"),
+    ],
+)
+def test_a_bad_wait_is_a_400_naming_the_field(client, token_user, run, query, field):
+    started = time.monotonic()
+    response = client.get(f"/api/v1/runs/{run.id}?{query}", headers=AUTH)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["field"] == field
+    assert time.monotonic() - started < 2  # refused, not waited on
+
+
+def test_waiting_for_an_unknown_run_is_a_404_at_once(client, token_user, run):
+    response = client.get("/api/v1/runs/00000000-0000-4000-8000-000000000000?wait=30", headers=AUTH)
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "no such run"
+
+
+def test_waiting_needs_a_token(client, run):
+    response = client.get(f"/api/v1/runs/{run.id}?wait=30")
+    assert response.status_code == 401
+
+
+# --------------------------------------------------------------------------- WSGI path
+
+
+def test_a_settled_run_is_answered_at_once_with_its_settlement(client, token_user, run):
+    settle(run)
+    started = time.monotonic()
+    response = client.get(f"/api/v1/runs/{run.id}?wait=30", headers=AUTH)
+    assert response.status_code == 200 and not response.streaming
+    body = body_of(response)
+    assert body["status"] == "settled" and body["settlement"]["outcome"] == "completed"
+    assert time.monotonic() - started < 5
+
+
+def test_wait_zero_is_a_plain_read(client, token_user, run):
+    response = client.get(f"/api/v1/runs/{run.id}?wait=0", headers=AUTH)
+    assert response.status_code == 200 and not response.streaming
+    assert body_of(response)["status"] == run.status != "settled"
+
+
+def test_the_answer_comes_when_the_run_settles_during_the_wait(client, token_user, run):
+    def settle_soon():
+        time.sleep(0.3)  # a worker elsewhere finishing the run (real time: the wait is I/O)
+        settle(Run.objects.get(id=run.id))
+
+    settler = threading.Thread(target=settle_soon)
+    started = time.monotonic()
+    settler.start()
+    response = client.get(f"/api/v1/runs/{run.id}?wait=30", headers=AUTH)
+    body = body_of(response)
+    settler.join()
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
+    assert response["Cache-Control"] == "no-store"
+    assert body["status"] == "settled" and body["settlement"]["reason"] == "done for the test"
+    assert time.monotonic() - started < 10  # not the whole 30 s
+
+
+def test_an_unsettled_run_is_answered_as_it_is_when_the_wait_ends(client, token_user, run):
+    started = time.monotonic()
+    response = client.get(f"/api/v1/runs/{run.id}?wait=0.2", headers=AUTH)
+    body = body_of(response)
+    assert response.status_code == 200
+    assert body["status"] != "settled" and body["settlement"] is None
+    assert 0.2 <= time.monotonic() - started < 5
+
+
+# --------------------------------------------------------------------------- ASGI path
+
+
+@pytest.fixture
+def uvicorn_server(monkeypatch):
+    """dashboard.asgi's application under a real uvicorn in this process; every
+    fallback read of a waiting request is made slower than any wait here."""
+    import uvicorn
+
+    from dashboard.asgi import application
+
+    monkeypatch.setattr(run_waits, "RECHECK_S", 120.0)
+    monkeypatch.setattr(run_waits, "POLL_S", 120.0)
+    monkeypatch.setattr(run_waits, "LINGER_S", 0.0)  # the LISTEN connection goes with the waiters
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="error")
+    )
+    loop_of: dict = {}
+
+    def serve():
+        async def main():
+            loop_of["loop"] = asyncio.get_running_loop()
+            await server.serve()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}", loop_of["loop"]
+    server.should_exit = True
+    thread.join(10)
+    from django.db import connections
+
+    connections.close_all()
+
+
+def _listener_of(loop) -> run_waits._Listener | None:
+    return run_waits._listeners.get(loop)
+
+
+class Asking:
+    """``GET …?wait=`` sent from a thread of its own (the test settles meanwhile)."""
+
+    def __init__(self, base: str, run, wait_s: float) -> None:
+        self.response: httpx.Response | None = None
+        self.elapsed = 0.0
+        self.thread = threading.Thread(target=self._ask, args=(base, run, wait_s))
+        self.thread.start()
+
+    def _ask(self, base: str, run, wait_s: float) -> None:
+        started = time.monotonic()
+        self.response = httpx.get(
+            f"{base}/api/v1/runs/{run.id}?wait={wait_s}", headers=AUTH, timeout=wait_s + 30
+        )
+        self.elapsed = time.monotonic() - started
+
+    def answer(self) -> dict:
+        self.thread.join(60)
+        assert self.response is not None and self.response.status_code == 200
+        return self.response.json()
+
+
+def _waiting(loop, run) -> None:
+    """Until the listener is on LISTEN and the request waits for ``run``."""
+    _until(lambda: (found := _listener_of(loop)) is not None and found.listening)
+    _until(lambda: str(run.id) in _listener_of(loop).waiting)
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.01)
+
+
+@on_postgresql
+def test_the_settling_commit_wakes_the_waiting_request(uvicorn_server, token_user, run):
+    base, loop = uvicorn_server
+    asking = Asking(base, run, 60)
+    _waiting(loop, run)
+    settle(Run.objects.get(id=run.id))
+    body = asking.answer()
+    assert body["status"] == "settled" and body["settlement"]["outcome"] == "completed"
+    # Every fallback read is 120 s away: only the NOTIFY could answer this soon.
+    assert asking.elapsed < 30
+    _until(lambda: not _listener_of(loop).waiting)
+
+
+@on_postgresql
+def test_a_rolled_back_settlement_wakes_nobody(uvicorn_server, token_user, run):
+    base, loop = uvicorn_server
+    asking = Asking(base, run, 1.5)
+    _waiting(loop, run)
+
+    class Abandon(Exception):
+        pass
+
+    with pytest.raises(Abandon), transaction.atomic():
+        settle(Run.objects.get(id=run.id))
+        raise Abandon
+    body = asking.answer()
+    assert body["status"] != "settled" and body["settlement"] is None  # answered at the wait's end
+
+
+@on_postgresql
+def test_a_client_that_goes_away_stops_waiting(uvicorn_server, token_user, run):
+    base, loop = uvicorn_server
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(f"{base}/api/v1/runs/{run.id}?wait=60", headers=AUTH, timeout=1.0)
+    # The disconnect cancels the waiting body: nobody is left waiting, and
+    # with LINGER_S = 0 the LISTEN connection is closed too.
+    _until(lambda: (found := _listener_of(loop)) is None or not found.waiting)
+    _until(lambda: _listener_of(loop) is None or _listener_of(loop).task is None)
+
+
+@on_postgresql
+def test_a_lost_listen_connection_is_opened_again(uvicorn_server, token_user, run):
+    base, loop = uvicorn_server
+    asking = Asking(base, run, 60)
+    _waiting(loop, run)
+    with connection.cursor() as cursor:  # the database drops the LISTEN connection
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE %s AND pid <> pg_backend_pid()",
+            ["LISTEN %"],
+        )
+        terminated = cursor.fetchall()
+        assert terminated and all(ok for (ok,) in terminated)
+    _until(lambda: not _listener_of(loop).listening)
+    _until(lambda: _listener_of(loop).listening)  # connected and listening again
+    settle(Run.objects.get(id=run.id))
+    assert asking.answer()["status"] == "settled"
