@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar
 
 import pydantic_core
@@ -61,6 +61,7 @@ from governance.services import providers as provider_services
 from governance.services import statements as sql
 from governance.services.admission import Overloaded
 from governance.services.stages import publish
+from governance.services.stream import run_is_settled
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
 
@@ -517,13 +518,6 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
     )  # fmt: skip
 
 
-# A run's existence and whether it is settled, in one statement: no row, no run.
-SETTLED = (
-    "SELECT EXISTS (SELECT 1 FROM governance_settlement WHERE run_id = governance_run.id)"
-    " FROM governance_run WHERE governance_run.id = %s"
-)
-
-
 @api_view(("GET",))
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     wait_s = parse_query(request, RunQuery).wait if request.GET else None
@@ -533,11 +527,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         if answer is None:
             raise ApiError(404, None, "no such run")
         return JsonResponse(answer)
-    db_key = _db_value(Run, key)
-
-    def is_settled() -> bool | None:
-        found = sql.fetch(SETTLED, (db_key,))
-        return bool(found[0][0]) if found else None
+    is_settled = partial(run_is_settled, key)
 
     def final_answer() -> bytes:
         answer = run_json(key)

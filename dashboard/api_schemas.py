@@ -336,8 +336,9 @@ RUN_WAIT_MAX_S = 60  # the longest a request may wait (proxies commonly cut at 6
 class RunQuery(Query):
     wait: Annotated[float, Field(ge=0, le=RUN_WAIT_MAX_S)] | None = Field(
         None,
-        description="seconds, 0 to 60: if the run is not settled yet, answer when it settles"
-        " or when this time has passed, whichever is first (one request instead of polling);"
+        description=f"seconds, 0 to {RUN_WAIT_MAX_S}: if the run is not settled yet, answer"
+        " when it settles or when this time has passed, whichever is first (one request"
+        " instead of polling);"
         " the answer is the run as it is then",
     )
 

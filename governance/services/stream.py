@@ -96,8 +96,17 @@ def detach_viewer(connection_id: str, *, now: datetime) -> RunViewer | None:
     return viewer
 
 
-def run_is_settled(run_id: Any) -> bool:
-    return Settlement.objects.filter(run_id=run_id).exists()
+# A run's existence and whether it is settled, in one statement: no row, no run.
+RUN_SETTLED = (
+    "SELECT EXISTS (SELECT 1 FROM governance_settlement WHERE run_id = governance_run.id)"
+    " FROM governance_run WHERE governance_run.id = %s"
+)
+
+
+def run_is_settled(run_id: Any) -> bool | None:
+    """Whether the run has its settlement; None when there is no such run."""
+    found = sql.fetch(RUN_SETTLED, (sql.value(Run, "id", run_id),))
+    return bool(found[0][0]) if found else None
 
 
 def events_after(run_id: Any, after_id: int, limit: int = 500) -> list[tuple[int, str, dict]]:

@@ -1,7 +1,8 @@
 """``GET /api/v1/runs/{id}?wait=S``: one request answered when the run settles.
 
 Through the Django test client (WSGI: the request's thread polls) and through
-``dashboard.asgi`` under a real uvicorn on PostgreSQL, where the settling
+``dashboard.asgi`` under a real uvicorn on PostgreSQL (the suite's database,
+``make test``), where the settling
 transaction's NOTIFY wakes the waiting request: the tests make every fallback
 read far slower than the wait, so only the notification can answer in time.
 """
@@ -25,9 +26,6 @@ from tests.dashboard.conftest import CLIENT_AUTH
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = CLIENT_AUTH
-on_postgresql = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's; SQLite answers by polling"
-)
 
 
 def settle(run) -> None:
@@ -206,7 +204,6 @@ def _until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-@on_postgresql
 def test_the_settling_commit_wakes_the_waiting_request(uvicorn_server, token_user, run):
     base, loop = uvicorn_server
     asking = Asking(base, run, 60)
@@ -219,7 +216,6 @@ def test_the_settling_commit_wakes_the_waiting_request(uvicorn_server, token_use
     _until(lambda: not _listener_of(loop).waiting)
 
 
-@on_postgresql
 def test_a_rolled_back_settlement_wakes_nobody(uvicorn_server, token_user, run):
     base, loop = uvicorn_server
     asking = Asking(base, run, 1.5)
@@ -235,7 +231,6 @@ def test_a_rolled_back_settlement_wakes_nobody(uvicorn_server, token_user, run):
     assert body["status"] != "settled" and body["settlement"] is None  # answered at the wait's end
 
 
-@on_postgresql
 def test_a_client_that_goes_away_stops_waiting(uvicorn_server, token_user, run):
     base, loop = uvicorn_server
     with pytest.raises(httpx.ReadTimeout):
@@ -246,7 +241,6 @@ def test_a_client_that_goes_away_stops_waiting(uvicorn_server, token_user, run):
     _until(lambda: _listener_of(loop) is None or _listener_of(loop).task is None)
 
 
-@on_postgresql
 def test_a_lost_listen_connection_is_opened_again(uvicorn_server, token_user, run):
     base, loop = uvicorn_server
     asking = Asking(base, run, 60)
