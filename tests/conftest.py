@@ -24,6 +24,17 @@ def requires_services() -> bool:
 # --- users for every role (R8) ---------------------------------------------
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    """Hashing a password the production way (PBKDF2, 10^6 rounds) costs about
+    0.2 s here, and most tests make a user or three: the suite hashes with MD5.
+    Logging in still checks the password; no test is about the hash's cost."""
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
 @pytest.fixture
 def make_user(django_user_model):
     from governance.roles import ensure_roles

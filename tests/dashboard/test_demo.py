@@ -42,7 +42,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def var_dir(settings, tmp_path):
     settings.VAR_DIR = tmp_path
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed
     return tmp_path
 
 
