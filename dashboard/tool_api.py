@@ -23,7 +23,6 @@ from governance import time_source
 from governance.models import ToolServer
 from governance.rules import tools as tool_rules
 from governance.services import tool_registry, tool_servers
-from tasks import mcp_client
 
 
 def _token_present(name: str) -> bool:
@@ -83,6 +82,10 @@ def tool_detail_json(server: ToolServer, opened=()) -> dict[str, Any]:
 def refresh_listing(server: ToolServer, why: str):
     """List an MCP server's tools now and record them (with the boundaries
     they cause); an unreachable server keeps its last listing and says why."""
+    # The MCP SDK takes half a second to import: the web imports it when a
+    # listing is asked for, not at every start (manage.py commands included).
+    from tasks import mcp_client
+
     listing = mcp_client.list_tools(server)
     return tool_registry.record_listing(
         server.name, listing.tools, time_source.now(), error=listing.error, why=why
