@@ -67,6 +67,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1094,6 +1095,20 @@ def figures(
     }
 
 
+def machine_speed_ms() -> float:
+    """A fixed piece of pure-Python work, timed (median of 5): the machine's own
+    speed, printed before and after the run. A shared VM's speed can change by
+    half from one minute to the next, and every figure above moves with it."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
 def reference_costs(system: System) -> dict[str, float]:
     """What a provider call costs on this machine outside the system (medians of 20)."""
     url = f"http://127.0.0.1:{system.provider_port}/v1/chat/completions"
@@ -1192,6 +1207,11 @@ def print_report(n: int, lone_n: int, f: dict, load: dict, lone_facts, load_fact
         f"{fmt_ms(f['provider_round_trip_new_connection_ms'])} on a new connection; building "
         f"an httpx.Client() {fmt_ms(f['httpx_client_build_ms'])} (p50 of 20 each)"
     )
+    before, after = f["machine_speed_ms"]
+    print(
+        f"  this machine's speed: 10^6 additions in pure Python took {before:.1f} ms before "
+        f"the run and {after:.1f} ms after it (median of 5; compare runs only at like speeds)"
+    )
     print(
         f"  stages per run {load_facts['stages_per_run']:.2f}: {load_facts['stage_kinds']}; "
         f"deliveries per stage {load_facts['deliveries']}; attempts per stage "
@@ -1280,6 +1300,7 @@ def main(argv: list[str]) -> int:
     system.keep = args.keep
     client = None
     try:
+        speed_before = machine_speed_ms()
         system.start_provider()
         system.prepare()
         system.start_up()
@@ -1296,6 +1317,7 @@ def main(argv: list[str]) -> int:
         load["connection_peaks"] = dict(system.watcher.peaks)
         load["connection_limit"] = system.connection_limit
         result = figures(system, load["accepted"], lone, lone_facts, load, load_facts)
+        result["machine_speed_ms"] = (speed_before, machine_speed_ms())
         if args.json:
             print(json.dumps({
                 "figures": result,
