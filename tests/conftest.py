@@ -21,6 +21,29 @@ def requires_services() -> bool:
     )
 
 
+# --- the test database ------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="session")
+def test_database_left_alone_at_the_end(django_db_setup, django_db_blocker):
+    """Live servers' and event loops' threads keep pooled connections to the test
+    database, and PostgreSQL waits 5 s before it refuses to drop a database in
+    use: at the end those sessions are closed, so it is dropped at once."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for connection in connections.all():
+            if connection.vendor != "postgresql":
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            connection.close()
+
+
 # --- users for every role (R8) ---------------------------------------------
 
 
