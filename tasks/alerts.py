@@ -15,10 +15,9 @@ e-mail (Django's e-mail backend) and PagerDuty Events API v2, whose
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import smtplib
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -31,6 +30,7 @@ from django.urls import NoReverseMatch, reverse
 
 from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
+from governance.rules.health import parse_retry_after
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
 from tasks import outbound
@@ -205,23 +205,6 @@ def send(delivery: NotificationDelivery) -> DeliveryResult:
         return DeliveryResult(DeliveryResult.PERMANENT, None, f"bad configuration: {exc}")
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - time_source.now()).total_seconds())
-
-
 def classify_response(response: httpx.Response) -> DeliveryResult:
     code = response.status_code
     if 200 <= code < 300:
@@ -229,7 +212,8 @@ def classify_response(response: httpx.Response) -> DeliveryResult:
     snippet = response.text[:300] if response.content else ""
     error = f"HTTP {code} {response.reason_phrase}: {snippet}".strip().rstrip(":")
     if code in TRANSIENT_STATUS or code >= 500:
-        return DeliveryResult(DeliveryResult.TRANSIENT, code, error, _retry_after(response))
+        wait = parse_retry_after(response.headers.get("Retry-After"), time_source.now())
+        return DeliveryResult(DeliveryResult.TRANSIENT, code, error, wait)
     # Other 4xx (and redirects: a webhook URL that moved) will not heal by retrying.
     return DeliveryResult(DeliveryResult.PERMANENT, code, error)
 

@@ -19,13 +19,13 @@ with the reason (a permanent failure, like a 4xx: no further attempt).
 from __future__ import annotations
 
 import logging
-from email.utils import parsedate_to_datetime
 
 import httpx
 from celery import shared_task
 from django.conf import settings
 
 from governance import time_source
+from governance.rules.health import parse_retry_after
 from governance.services import callbacks as callbacks
 from governance.services.outbound import Resolver
 from tasks import outbound
@@ -36,22 +36,6 @@ log = logging.getLogger(__name__)
 def _timeout() -> httpx.Timeout:
     seconds = float(settings.GOVERNANCE_CALLBACK_TIMEOUT_SECONDS)
     return httpx.Timeout(seconds, connect=min(seconds, 5.0))
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds: delta-seconds or an HTTP date (read against our clock)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        moment = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max((moment - time_source.now()).total_seconds(), 0.0)
 
 
 def post(
@@ -80,7 +64,7 @@ def post(
         return callbacks.Result(error=f"network: {exc!r}", request_sent=True)
     retry_after = None
     if response.status_code == 429 or response.status_code >= 500:
-        retry_after = _retry_after(response.headers.get("Retry-After"))
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), time_source.now())
     error = "" if response.is_success else f"HTTP {response.status_code}: {response.text[:500]}"
     return callbacks.Result(
         status=response.status_code, error=error, retry_after_s=retry_after, request_sent=True

@@ -52,7 +52,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import httpx
 
@@ -303,7 +303,6 @@ def kb_search(arguments: dict[str, Any], *, idempotency_key: str) -> ToolResult:
 MAX_RESPONSE_BYTES = 4096
 MAX_IDEMPOTENCY_KEY_CHARS = 300  # ToolReceipt.idempotency_key
 _KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # printable ASCII, header-safe
-_GATEWAY_STATUSES = {502, 504}  # an intermediary speaking for an origin that may have acted
 _USER_AGENT = "agent-governance-tools/1"
 
 
@@ -494,12 +493,12 @@ def webhook(
         )
 
     seen = {"status": status, "body": _decode(body), "truncated": truncated, "request_sent": True}
-    if 200 <= status < 300:
+    effect = tool_rules.call_effect(tool_rules.http_status_end(status), "external_effect")
+    if effect == "succeeded":
         return result("succeeded", **seen)
-    if 400 <= status < 500:
-        return result("failed", f"the receiver refused the request (HTTP {status})", **seen)
-    if status >= 500 and status not in _GATEWAY_STATUSES:
-        return result("failed", f"the receiver reported a failure (HTTP {status})", **seen)
+    if effect == "failed":
+        said = "refused the request" if status < 500 else "reported a failure"
+        return result("failed", f"the receiver {said} (HTTP {status})", **seen)
     return result(
         "unknown",
         f"HTTP {status} does not say whether the receiver acted; verify by idempotency key",
@@ -767,5 +766,7 @@ def run_tool(
     try:
         return tool(arguments, idempotency_key=idempotency_key, **accepted)
     except Exception as exc:  # R4.2: a local failure never ends the run
-        effect: Effect = "unknown" if external else "failed"
+        effect = cast(
+            Effect, tool_rules.uncertain_effect("external_effect" if external else "read_only")
+        )
         return ToolResult(effect, {}, f"{name} raised {type(exc).__name__}: {exc}", external)

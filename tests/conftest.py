@@ -28,20 +28,28 @@ def requires_services() -> bool:
 def test_database_left_alone_at_the_end(django_db_setup, django_db_blocker):
     """Live servers' and event loops' threads keep pooled connections to the test
     database, and PostgreSQL waits 5 s before it refuses to drop a database in
-    use: at the end those sessions are closed, so it is dropped at once."""
+    use: at the end the pools are closed and the other sessions ended (from a
+    connection to the ``postgres`` database), so it is dropped at once."""
     yield
+    import psycopg
     from django.db import connections
 
     with django_db_blocker.unblock():
         for connection in connections.all():
             if connection.vendor != "postgresql":
                 continue
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
             connection.close()
+            connection.close_pool()
+            params = connection.get_connection_params()
+            for django_only in ("cursor_factory", "context", "prepare_threshold"):
+                params.pop(django_only, None)
+            name = params["dbname"]
+            with psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    [name],
+                )
 
 
 # --- users for every role (R8) ---------------------------------------------

@@ -61,7 +61,7 @@ def execute(run: Run, stage: Stage):
             effect, output, error = _perform(run, stage, call, key, now, registry)
         except Exception as exc:  # R4.1: the executor's fact, not the run's end (R4.2)
             # An external tool that broke mid-call may have had its effect.
-            effect = "unknown" if external else "failed"
+            effect = tool_rules.uncertain_effect("external_effect" if external else "read_only")
             output, error = None, f"{type(exc).__name__}: {exc}"[:500]
     now = time_source.now()
     conclusion = tool_rules.conclude_tool_call(
