@@ -19,7 +19,7 @@ from governance.models import (
     Stage,
 )
 from governance.rules.health import health_verdict
-from governance.rules.refusal import max_sends, refusal_verdict
+from governance.rules.refusal import max_sends, refusal_verdict, schedule_of
 
 CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")
 MAX_CLOCK_SAMPLES = 5000
@@ -56,7 +56,8 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
     grouped: dict[int, list[dict]] = defaultdict(list)
     segments: dict[int, Segment] = {}
     for row in rows:
-        verdict = refusal_verdict(services.refusal_of(row), now, delays)
+        refusal = services.refusal_of(row)
+        verdict = refusal_verdict(refusal, now, delays)
         if verdict.state == "eligible":
             continue
         segments[row.segment_id] = row.segment
@@ -65,7 +66,7 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
                 "provider_id": row.provider_id,
                 "state": verdict.state,
                 "refusals": row.refusals,
-                "max_sends": max_sends(delays),
+                "max_sends": max_sends(schedule_of(refusal, delays)),  # its own, if any
                 "next_probe_at": verdict.next_probe_at,
                 "refused_at": row.refused_at,
             }

@@ -31,7 +31,7 @@ from governance.rules.health import (
     HealthVerdict,
     health_verdict,
 )
-from governance.rules.refusal import max_sends, refusal_verdict
+from governance.rules.refusal import max_sends, refusal_verdict, schedule_of
 
 RECENT = timedelta(hours=24)
 MAX_SEGMENTS_SHOWN = 10
@@ -180,19 +180,20 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
         )
     )  # fmt: skip
     found: dict[str, list[FrozenSegment]] = defaultdict(list)
-    for refusal in refusals:
-        verdict = refusal_verdict(services.refusal_of(refusal), now, delays)
+    for row in refusals:
+        refusal = services.refusal_of(row)
+        verdict = refusal_verdict(refusal, now, delays)
         if verdict.state == "eligible":
             continue  # a re-probe is due: not skipped right now
-        found[refusal.provider_id].append(
+        found[row.provider_id].append(
             FrozenSegment(
-                segment_id=refusal.segment_id,
-                segment_key=refusal.segment.key,
-                thread_title=str(refusal.segment.thread),
+                segment_id=row.segment_id,
+                segment_key=row.segment.key,
+                thread_title=str(row.segment.thread),
                 state=verdict.state,
-                refusals=refusal.refusals,
-                max_sends=max_sends(delays),
-                refused_at=refusal.refused_at,
+                refusals=row.refusals,
+                max_sends=max_sends(schedule_of(refusal, delays)),  # its own, if any
+                refused_at=row.refused_at,
                 next_probe_at=verdict.next_probe_at,
             )
         )

@@ -206,6 +206,11 @@ def test_r3_2_changing_a_schedule_never_changes_a_segment_verdict(client, operat
     page = client.get(reverse("segment", args=[segment.id])).content.decode()
     assert "kept until it clears); a new refusal would get 1 h" in page
     assert "(refusals 1 of 3)" in page  # its own schedule: 1 + 2 sends
+    # The overview and the providers page count the sends of that same schedule.
+    for name in ("overview", "providers"):
+        shown = client.get(reverse(name)).content.decode()
+        assert "refusals 1 of 3)" in shown, name
+        assert "refusals 1 of 4)" not in shown, name  # R3.2's default, not this refusal's
     # Its verdict is the one of the schedule it started under: due at +10 min.
     assert _refused_turn(thread, NOW + 10 * MIN) == ["re_probe"]
     assert _refused_turn(thread, NOW + 39 * MIN) == []  # cooling until +40 min
