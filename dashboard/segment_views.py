@@ -26,16 +26,20 @@ from dashboard.queries import segments as queries
 from dashboard.status import human_duration
 from governance import services, time_source
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
+from governance.rules.segments import OPERATOR_BOUNDARY_KINDS, BoundaryKind
 
 PAGE_SIZE = 25
 TIMELINE_PAGE = 50
 PERMISSION = "governance.apply_boundary"
 
-KINDS = {
-    "compact": "Compact",
-    "fresh_start": "Fresh start",
-    "model_switch": "Switch model",
+# Which boundaries an operator may force is the rule's (R1.3/R8.3); the page
+# only names them. A kind the rule adds without a name here fails at import.
+_KIND_NAMES = {
+    BoundaryKind.COMPACT: "Compact",
+    BoundaryKind.FRESH_START: "Fresh start",
+    BoundaryKind.MODEL_SWITCH: "Switch model",
 }
+KINDS = {str(kind): _KIND_NAMES[kind] for kind in OPERATOR_BOUNDARY_KINDS}
 
 
 def _rule(delays) -> dict[str, object]:
