@@ -8,7 +8,8 @@ that runs. A call from its own module counts (a helper of a rule that runs).
 from __future__ import annotations
 
 import ast
-import re
+from collections import Counter
+from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
@@ -20,6 +21,7 @@ KEPT = {
     "refusal.refusal_notice": "the refusal rule's fixed public surface (the most severe notice)",
     "publication.declare_attachment": "R7.2 attachment facts: no attachment store exists yet",
     "publication.mark_attachment_saved": "R7.2 attachment facts: no attachment store exists yet",
+    "budget.release": "R5.2's provider-concurrency gauge: the runtime acquires no slot yet",
 }
 
 
@@ -41,16 +43,27 @@ def runtime_sources() -> dict[Path, str]:
     }
 
 
+def _references(text: str) -> Counter:
+    """The names a module's code uses (``f`` and ``x.f``), read from its syntax
+    tree: a name in a comment, a docstring or a string is no use of it."""
+    used: Counter = Counter()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Name):
+            used[node.id] += 1
+        elif isinstance(node, ast.Attribute):
+            used[node.attr] += 1
+        elif isinstance(node, ast.alias):
+            used[node.name.rsplit(".", 1)[-1]] += 0  # an import alone is no use
+    return used
+
+
+@cache
+def _references_of(text: str) -> Counter:
+    return _references(text)
+
+
 def callers(name: str, module: Path, sources: dict[Path, str]) -> list[str]:
-    call = re.compile(rf"(?<![\w.])(?:\w+\.)?{re.escape(name)}\b")
-    found = []
-    for path, text in sources.items():
-        hits = len(call.findall(text))
-        if path == module:
-            hits -= 1  # its own definition
-        if hits > 0:
-            found.append(path.name)
-    return found
+    return [path.name for path, text in sources.items() if _references_of(text)[name] > 0]
 
 
 def test_every_public_rule_function_has_a_caller_outside_tests():
@@ -79,9 +92,13 @@ def test_kept_functions_exist_and_still_need_their_reason():
 def test_the_caller_check_finds_an_uncalled_function(tmp_path):
     """The check itself: a function called only in its own definition has no caller."""
     module = tmp_path / "rule.py"
-    module.write_text("def used():\n    return 1\n\n\ndef unused():\n    return used()\n")
+    module.write_text(
+        'def used():\n    return 1\n\n\ndef unused():\n    """unused() says so."""\n'
+        "    return used()  # not unused\n"
+    )
     other = tmp_path / "runtime.py"
-    other.write_text("from rule import used\nused()\n")
+    other.write_text("import rule\nfrom rule import unused\nrule.used()\nprint('unused()')\n")
     sources = {module: module.read_text(), other: other.read_text()}
     assert callers("used", module, sources) == ["rule.py", "runtime.py"]
+    # Named in a docstring, a comment, an import and a string: never used.
     assert callers("unused", module, sources) == []
