@@ -122,20 +122,23 @@ def provider_board(now: datetime) -> list[ProviderBoard]:
     board = []
     for provider in Provider.objects.order_by("provider_id"):
         row = states.get(provider.pk)
-        if not provider.enabled:
-            board.append(
-                ProviderBoard(provider, "disabled", "disabled by an administrator", "", None)
-            )
-            continue
-        if row is None:
+        if row is None and provider.enabled:
             board.append(ProviderBoard(provider, "closed", "no failures recorded", "", None))
             continue
         verdict = health_verdict(
-            services.provider_health(provider, row), now, provider.config_fingerprint()
+            services.provider_health(provider, row),
+            now,
+            provider.config_fingerprint(),
+            enabled=provider.enabled,
         )
+        shown = row if provider.enabled else None  # the switch, not old failures
         board.append(
             ProviderBoard(
-                provider, verdict.state, verdict.reason, row.last_error, row.last_failure_at
+                provider,
+                verdict.state,
+                verdict.reason,
+                shown.last_error if shown else "",
+                shown.last_failure_at if shown else None,
             )
         )
     return board

@@ -98,12 +98,12 @@ def _row_for(provider: Provider, now: datetime) -> ProviderRow:
         health = provider.health
     except ObjectDoesNotExist:
         health = None  # never failed, never succeeded: a closed breaker
-    if not provider.enabled:
-        verdict = HealthVerdict(False, "disabled", None, "disabled by an administrator")
-        return ProviderRow(provider, health, verdict, "disabled", disabled_by="admin")
     try:
         verdict = health_verdict(
-            services.provider_health(provider, health), now, provider.config_fingerprint()
+            services.provider_health(provider, health),
+            now,
+            provider.config_fingerprint(),
+            enabled=provider.enabled,
         )
     except (AssertionError, TypeError, ValueError) as exc:
         # A row the rules cannot read is shown as such, not hidden.
@@ -114,7 +114,9 @@ def _row_for(provider: Provider, now: datetime) -> ProviderRow:
         health,
         verdict,
         verdict.state,
-        disabled_by="auth" if verdict.state == "disabled" else "",
+        disabled_by=("admin" if not provider.enabled else "auth")
+        if verdict.state == "disabled"
+        else "",
         probe_in_flight=verdict.state == "half_open" and not verdict.available,
     )
 

@@ -603,15 +603,23 @@ def _clock(moment: datetime, now: datetime) -> str:
 
 
 def health_verdict(
-    health: ProviderHealth, now: datetime, config_fingerprint: str | None = None
+    health: ProviderHealth,
+    now: datetime,
+    config_fingerprint: str | None = None,
+    *,
+    enabled: bool = True,
 ) -> HealthVerdict:
     """Whether ``health``'s provider may be tried at ``now`` (R2.1, R2.2).
 
+    An administrator's switch comes first: a provider not ``enabled`` is not
+    tried, whatever its breaker says.
     Disabled (auth) until ``config_fingerprint`` differs from the recorded
     one; open until ``open_until``; then half-open: available for one probe
     (unavailable while an admitted probe holds its lease); closed: available.
     """
     now = _require_aware(now, "now")
+    if not enabled:
+        return HealthVerdict(False, "disabled", None, "disabled by an administrator")
     if _is_disabled(health, config_fingerprint):
         since = f" at {_clock(health.last_failure_at, now)}" if health.last_failure_at else ""
         return HealthVerdict(

@@ -74,14 +74,11 @@ def health_verdicts(providers: Sequence[Provider], now: datetime) -> dict[str, A
         row, _ = ProviderHealthState.objects.select_related("provider").get_or_create(
             provider=provider
         )
-        value = provider_health(provider, row)
-        if not provider.enabled:
-            verdicts[provider.provider_id] = health_rules.HealthVerdict(
-                False, "disabled", None, "disabled by an administrator"
-            )
-            continue
         verdicts[provider.provider_id] = health_rules.health_verdict(
-            value, now, provider.config_fingerprint()
+            provider_health(provider, row),
+            now,
+            provider.config_fingerprint(),
+            enabled=provider.enabled,
         )
     return verdicts
 

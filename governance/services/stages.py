@@ -285,14 +285,9 @@ def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnCon
         providers = found.value()
         verdicts = {}
         for provider in providers.values():
-            if not provider.enabled:
-                verdicts[provider.provider_id] = health_rules.HealthVerdict(
-                    False, "disabled", None, "disabled by an administrator"
-                )
-                continue
             value = provider_health(provider, _health_row(provider))
             verdicts[provider.provider_id] = health_rules.health_verdict(
-                value, now, provider.config_fingerprint()
+                value, now, provider.config_fingerprint(), enabled=provider.enabled
             )
         chunks = committed.value() if committed is not None else ()
         return TurnContext(

@@ -1081,3 +1081,20 @@ def test_r2_2_a_success_that_changes_nothing_recent_is_not_news() -> None:
     assert health_changed(fresh, later)
     failing = replace(fresh, consecutive_failures=2, last_failure_class="timeout")
     assert health_changed(failing, record_success(failing, T0 + timedelta(seconds=1)))
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        ProviderHealth("p"),  # closed: would be tried
+        fail_times(ProviderHealth("p"), "server_error", 5, T0),  # open
+        fail(ProviderHealth("p"), "auth", T0, config_fingerprint="v1"),  # auth
+    ],
+    ids=["closed", "open", "auth-disabled"],
+)
+def test_r2_1_an_administrators_switch_comes_before_the_breaker(health):
+    switched_off = health_verdict(health, T0, "v1", enabled=False)
+    assert (switched_off.available, switched_off.state) == (False, "disabled")
+    assert switched_off.reason == "disabled by an administrator"
+    assert switched_off.retry_at is None
+    assert health_verdict(health, T0, "v1").reason != switched_off.reason
