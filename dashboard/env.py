@@ -21,6 +21,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from governance.rules.refusal import REFUSAL_REPROBE_DELAYS, RefusalError, check_schedule
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -105,6 +107,18 @@ def env_durations(name: str, default: str) -> tuple[timedelta, ...]:
     if not durations:
         raise ImproperlyConfigured(f"{name} must list at least one duration")
     return durations
+
+
+def env_reprobe_schedule(name: str) -> tuple[timedelta, ...]:
+    """R3.2's re-probe schedule: the rule's default, or one from the environment
+    that passes the rule's own check (longer each time, the last within the
+    refusal memory's reach), as a provider's own schedule must."""
+    if not os.environ.get(name):
+        return REFUSAL_REPROBE_DELAYS
+    try:
+        return check_schedule(env_durations(name, ""))
+    except RefusalError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
 
 
 def _secret_from(name: str) -> str | None:

@@ -18,10 +18,10 @@ from kombu import Queue
 from dashboard.env import (
     database_from_url,
     env_bool,
-    env_durations,
     env_float,
     env_int,
     env_list,
+    env_reprobe_schedule,
     env_secret,
     env_str,
     named_secret,
@@ -309,7 +309,7 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- Governance rules ---
 # R3.2: the re-probe schedule; override for rehearsals (e.g. "1m,2m,5m").
-GOVERNANCE_REFUSAL_REPROBE_DELAYS = env_durations("GOVERNANCE_REFUSAL_REPROBE_DELAYS", "15m,1h,6h")
+GOVERNANCE_REFUSAL_REPROBE_DELAYS = env_reprobe_schedule("GOVERNANCE_REFUSAL_REPROBE_DELAYS")
 # Rehearsals move the shared clock of every process (manage.py clock advance 15m).
 GOVERNANCE_CLOCK_ADJUSTABLE = env_bool("GOVERNANCE_CLOCK_ADJUSTABLE", False)
 # R7.3 completion callbacks: HMAC-SHA256 key (no production default), retry policy.

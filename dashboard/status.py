@@ -10,13 +10,9 @@ from urllib.parse import urlsplit, urlunsplit
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from governance.rules.refusal import (
-    MAX_REFUSAL_REPROBES,
-    REFUSAL_REPROBE_DELAYS,
-    RULE_TEXT,
-    max_sends,
-)
+from governance.rules.refusal import RULE_TEXT, max_sends
 from governance.services.broker import QueueState, queue_states
+from governance.services.refusals import reprobe_delays
 from tasks.jobs import read_heartbeat
 from tasks.telemetry import exporter_mode
 
@@ -127,11 +123,13 @@ def system_status(now: datetime) -> list[ComponentStatus]:
 
 
 def refusal_rule_summary() -> dict[str, object]:
+    """R3.2 as it runs here: the schedule in force (settings), not the rule's default."""
+    delays = reprobe_delays()
     return {
         "text": RULE_TEXT,
-        "delays": [human_duration(delay) for delay in REFUSAL_REPROBE_DELAYS],
-        "max_reprobes": MAX_REFUSAL_REPROBES,
-        "max_sends": max_sends(),
+        "delays": [human_duration(delay) for delay in delays],
+        "max_reprobes": len(delays),
+        "max_sends": max_sends(delays),
     }
 
 

@@ -251,3 +251,29 @@ def test_named_secret_is_the_settings_accessor():
     from dashboard.env import named_secret
 
     assert settings.GOVERNANCE_NAMED_SECRET is named_secret
+
+
+def test_r3_2_the_default_reprobe_schedule_is_the_rules_and_an_override_passes_its_check(
+    monkeypatch,
+):
+    from datetime import timedelta
+
+    from dashboard.env import env_reprobe_schedule
+    from governance.rules.refusal import REFUSAL_REPROBE_DELAYS
+
+    monkeypatch.delenv("SCHEDULE", raising=False)
+    assert env_reprobe_schedule("SCHEDULE") == REFUSAL_REPROBE_DELAYS
+    monkeypatch.setenv("SCHEDULE", "1m,2m,5m")  # a rehearsal's
+    assert env_reprobe_schedule("SCHEDULE") == (
+        timedelta(minutes=1), timedelta(minutes=2), timedelta(minutes=5),
+    )  # fmt: skip
+    for bad, why in (
+        ("1h,30m", "longer"),  # each delay longer than the one before
+        ("1h,7h", "at most 6 h"),  # the refusal memory's reach
+        ("1m,2m,3m,4m,5m,6m", "1 to 5 re-probes"),
+        ("soon", "SCHEDULE"),
+    ):
+        monkeypatch.setenv("SCHEDULE", bad)
+        with pytest.raises(ImproperlyConfigured, match=why) as raised:
+            env_reprobe_schedule("SCHEDULE")
+        assert str(raised.value).startswith("SCHEDULE: "), bad

@@ -130,3 +130,13 @@ def test_overview_with_an_empty_database_says_what_to_do(client, oncall):
     assert "No unacknowledged critical alerts" in body
     assert "No providers configured yet" in body
     assert "No stage finished in the last hour" in body
+
+
+def test_r3_2_the_overview_states_the_schedule_in_force(client, oncall, settings):
+    """A rehearsal's schedule (GOVERNANCE_REFUSAL_REPROBE_DELAYS) is what the page
+    states, with its own count of sends, not R3.2's default."""
+    settings.GOVERNANCE_REFUSAL_REPROBE_DELAYS = (timedelta(minutes=1), timedelta(minutes=5))
+    client.force_login(oncall)
+    body = client.get(reverse("overview")).content.decode()
+    assert "Re-probe delays: 1 min, 5 min — at most 3 sends per segment" in body
+    assert "15 min" not in body
