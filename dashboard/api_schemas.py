@@ -28,6 +28,7 @@ from pydantic import (
     StringConstraints,
 )
 
+from governance.rules.refusal import MAX_SCHEDULE_TIERS, REFUSAL_SCOPE_TTL
 from governance.rules.segments import BoundaryKind
 from governance.services import providers as provider_rules
 from governance.services import tool_servers as tool_rules
@@ -417,9 +418,10 @@ Currency = Annotated[
 Delays = Annotated[
     list[Annotated[float, Field(gt=0)]],
     Field(
-        min_length=1, max_length=5,
-        description="re-probe delays in seconds: 1 to 5, each longer than the last, the last "
-        "at most REFUSAL_SCOPE_TTL (6 h = 21600)",
+        min_length=1, max_length=MAX_SCHEDULE_TIERS,
+        description=f"re-probe delays in seconds: 1 to {MAX_SCHEDULE_TIERS}, each longer than "
+        f"the last, the last at most REFUSAL_SCOPE_TTL "
+        f"({REFUSAL_SCOPE_TTL.total_seconds():.0f} s)",
     ),
 ]  # fmt: skip
 

@@ -15,6 +15,11 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from governance.rules.health import BreakerPolicy
+
+# R2.2's breaker defaults are the rule's own (a provider row may set its own).
+_BREAKER = BreakerPolicy()
+
 
 class Provider(models.Model):
     class Kind(models.TextChoices):
@@ -31,9 +36,9 @@ class Provider(models.Model):
     script = models.JSONField(null=True, blank=True)
     connect_timeout_s = models.FloatField(default=10.0)
     read_timeout_s = models.FloatField(default=120.0)
-    failure_threshold = models.PositiveSmallIntegerField(default=3)
-    base_cooldown_s = models.FloatField(default=30.0)
-    max_cooldown_s = models.FloatField(default=600.0)
+    failure_threshold = models.PositiveSmallIntegerField(default=_BREAKER.failure_threshold)
+    base_cooldown_s = models.FloatField(default=_BREAKER.base_cooldown.total_seconds())
+    max_cooldown_s = models.FloatField(default=_BREAKER.max_cooldown.total_seconds())
     enabled = models.BooleanField(default=True)
     # Prices per million tokens (issue 12), in ``currency``; None = not priced.
     price_input_per_mtok = models.DecimalField(

@@ -71,9 +71,10 @@ DEFAULTS: dict[str, Any] = {
     "script": None,
     "connect_timeout_s": 10.0,
     "read_timeout_s": 120.0,
-    "failure_threshold": 3,
-    "base_cooldown_s": 30.0,
-    "max_cooldown_s": 600.0,
+    # R2.2's breaker defaults, as the model's fields take them from the rule.
+    "failure_threshold": Provider._meta.get_field("failure_threshold").default,
+    "base_cooldown_s": Provider._meta.get_field("base_cooldown_s").default,
+    "max_cooldown_s": Provider._meta.get_field("max_cooldown_s").default,
     "enabled": True,
     "price_input_per_mtok": None,
     "price_output_per_mtok": None,
