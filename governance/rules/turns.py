@@ -532,6 +532,12 @@ def _no_provider(facts: TurnFacts, outcome: TurnOutcome, now: datetime) -> dict[
 # --------------------------------------------------------------------------- any stage
 
 
+def stage_must_stop(*, cancel_requested: bool, now: datetime, deadline_at: datetime) -> bool:
+    """R6.1/R6.3: a stage picked up after a user cancel, or once the run's
+    deadline is reached (reaching it counts, as for the watchdog), starts nothing."""
+    return cancel_requested or now >= deadline_at
+
+
 def conclude_stop(*, cancel_requested: bool) -> StageConclusion:
     """R6.3: a stage picked up after a user cancel or past the run's deadline
     starts nothing; past the deadline the clock owns the fact (R6.1)."""

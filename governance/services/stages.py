@@ -40,6 +40,7 @@ from governance.rules import health as health_rules
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
 from governance.rules import run_clocks
+from governance.rules import turns as turn_rules
 from governance.rules.refusal import (
     ProviderRefusal,
     ReprobeSchedules,
@@ -177,11 +178,12 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
         )
         # What the turn reads, in the claim's transaction (one commit fewer); read
         # along with the gate's answer, and left unused when the turn must wait.
-        reads = (
-            _turn_reads(run, stage.seq, now)
-            if run.cancel_requested_at is None and now < run.deadline_at
-            else None
+        stopping = turn_rules.stage_must_stop(
+            cancel_requested=run.cancel_requested_at is not None,
+            now=now,
+            deadline_at=run.deadline_at,
         )
+        reads = None if stopping else _turn_reads(run, stage.seq, now)
         if not claim_rules.turn_may_start(other_turn_in_flight=in_flight.value()):
             sql.update(
                 Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now

@@ -17,7 +17,7 @@ from django.db import DatabaseError
 
 from governance import time_source
 from governance.models import Run, Stage
-from governance.rules.turns import conclude_local_failure, conclude_stop
+from governance.rules.turns import conclude_local_failure, conclude_stop, stage_must_stop
 from governance.services import stages as stage_service
 from governance.services.stages import StaleClaim, publish
 from tasks import instrumentation as spans
@@ -122,8 +122,9 @@ def _run_claimed(start: stage_service.StageStart) -> str:
 
 def _execute(run: Run, stage: Stage, context: stage_service.TurnContext | None):
     now = time_source.now()
-    if run.cancel_requested_at is not None or now >= run.deadline_at:
-        conclusion = conclude_stop(cancel_requested=run.cancel_requested_at is not None)
+    cancel_requested = run.cancel_requested_at is not None
+    if stage_must_stop(cancel_requested=cancel_requested, now=now, deadline_at=run.deadline_at):
+        conclusion = conclude_stop(cancel_requested=cancel_requested)
         return "stopped", stage_service.close_stage(stage, conclusion, now)
     if stage.kind in stage_service.MODEL_STAGES:
         return model_turn.execute(run, stage, context)

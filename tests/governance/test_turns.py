@@ -59,6 +59,7 @@ from governance.rules.turns import (
     request_messages,
     rerender,
     sent_increment,
+    stage_must_stop,
     turn_increment,
     withheld,
 )
@@ -1083,3 +1084,18 @@ def test_r6_3_the_one_finalization_is_offered_no_tools():
 
     assert offered_tools(("calculator", "kb_search"), final=False) == ("calculator", "kb_search")
     assert offered_tools(("calculator",), final=True) == ()
+
+
+@pytest.mark.parametrize(
+    ("cancel_requested", "now", "stops"),
+    [
+        (False, T0 - timedelta(microseconds=1), False),  # before the deadline
+        (False, T0, True),  # reaching the deadline counts (as for the watchdog)
+        (False, T0 + timedelta(seconds=1), True),
+        (True, T0 - timedelta(hours=1), True),  # a stop asked for, deadline far
+    ],
+)
+def test_r6_1_r6_3_a_stage_starts_nothing_after_a_cancel_or_at_the_deadline(
+    cancel_requested, now, stops
+):
+    assert stage_must_stop(cancel_requested=cancel_requested, now=now, deadline_at=T0) is stops
