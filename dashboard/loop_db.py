@@ -12,10 +12,11 @@ kept by idle threads its requests waited for one and timed out).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connection
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -31,3 +32,12 @@ def off_loop(func: Callable[P, T]) -> Callable[P, Awaitable[T]]:
             connection.close()
 
     return sync_to_async(returning_the_connection, thread_sensitive=False)
+
+
+def plain_params(wrapper: BaseDatabaseWrapper = connection) -> dict[str, Any]:
+    """A PostgreSQL connection's settings for a plain ``psycopg.connect`` (a LISTEN
+    connection, an administrator's one): Django's own options left out."""
+    params = wrapper.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return params

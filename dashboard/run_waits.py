@@ -25,12 +25,11 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 
 import psycopg
 from django.db import close_old_connections, connection
 
-from dashboard.loop_db import off_loop
+from dashboard.loop_db import off_loop, plain_params
 from governance.services.runs import RUN_SETTLED_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -39,14 +38,6 @@ RECHECK_S = 2.0  # a waiting request reads its run this often, heard or not
 POLL_S = 0.05  # without a listener (SQLite, WSGI, while it connects): read this often
 LINGER_S = 60.0  # the listener's connection stays this long with nobody waiting
 RETRY_MAX_S = 10.0  # the longest pause before connecting again after a failure
-
-
-def _listen_params() -> dict[str, Any]:
-    """The web's own connection settings, for a plain async connection."""
-    params = connection.get_connection_params()
-    for django_only in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(django_only, None)
-    return params
 
 
 class _Listener:
@@ -80,7 +71,7 @@ class _Listener:
         try:
             while True:
                 try:
-                    params = await off_loop(_listen_params)()
+                    params = await off_loop(plain_params)()
                     async with await psycopg.AsyncConnection.connect(
                         autocommit=True, **params
                     ) as listen:

@@ -52,7 +52,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import httpx
 
@@ -766,7 +766,5 @@ def run_tool(
     try:
         return tool(arguments, idempotency_key=idempotency_key, **accepted)
     except Exception as exc:  # R4.2: a local failure never ends the run
-        effect = cast(
-            Effect, tool_rules.uncertain_effect("external_effect" if external else "read_only")
-        )
+        effect = tool_rules.uncertain_effect("external_effect" if external else "read_only")
         return ToolResult(effect, {}, f"{name} raised {type(exc).__name__}: {exc}", external)

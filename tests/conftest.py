@@ -34,15 +34,15 @@ def test_database_left_alone_at_the_end(django_db_setup, django_db_blocker):
     import psycopg
     from django.db import connections
 
+    from dashboard.loop_db import plain_params
+
     with django_db_blocker.unblock():
         for connection in connections.all():
             if connection.vendor != "postgresql":
                 continue
             connection.close()
             connection.close_pool()
-            params = connection.get_connection_params()
-            for django_only in ("cursor_factory", "context", "prepare_threshold"):
-                params.pop(django_only, None)
+            params = plain_params(connection)
             name = params["dbname"]
             with psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True) as admin:
                 admin.execute(
