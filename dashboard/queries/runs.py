@@ -31,6 +31,7 @@ from governance.models import (
     ToolReceipt,
 )
 from governance.rules import lifecycle as lc
+from governance.rules.run_clocks import deadline_reached
 from tasks.instrumentation import (
     CLOCK_ATTRIBUTES,
     CLOCK_UNKNOWN,
@@ -463,7 +464,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         body="".join(c.text for c in chunks if c.committed_at is not None),
         observed_chunks=sum(1 for c in chunks if c.observed_at is not None),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
-        deadline_passed=settlement is None and run.deadline_at <= now,
+        deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),
     )
 
 

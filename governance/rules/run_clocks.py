@@ -365,6 +365,11 @@ def name_timeout(
 # --------------------------------------------------------------------------- watchdog
 
 
+def deadline_reached(now: datetime, deadline_at: datetime) -> bool:
+    """R6.1: the run's overall deadline is breached once it is reached."""
+    return now >= deadline_at
+
+
 def watchdog_breach(
     now: datetime, run: RunClockFacts, *, no_progress_limit: timedelta
 ) -> TimeoutVerdict | None:
@@ -377,7 +382,7 @@ def watchdog_breach(
     _require_aware("now", now)
     _require_positive("no_progress_limit", no_progress_limit)
     _require_order("last_progress_at", run.last_progress_at, "now", now)
-    if now >= run.deadline_at:
+    if deadline_reached(now, run.deadline_at):
         return TimeoutVerdict(TimeoutName.DEADLINE_EXCEEDED)
     if now - run.last_progress_at >= no_progress_limit:
         return TimeoutVerdict(TimeoutName.NO_PROGRESS)

@@ -24,6 +24,7 @@ from governance.rules import publication as pub
 from governance.rules.health import TIME_BASED_CLASSES, Classification
 from governance.rules.refusal import RULE_TEXT
 from governance.rules.routing import AttemptOutcome, TurnOutcome, why_no_candidate
+from governance.rules.run_clocks import deadline_reached
 from governance.rules.segments import History, request_parts, surface_allows
 
 FINALIZE_INSTRUCTION = (
@@ -534,8 +535,8 @@ def _no_provider(facts: TurnFacts, outcome: TurnOutcome, now: datetime) -> dict[
 
 def stage_must_stop(*, cancel_requested: bool, now: datetime, deadline_at: datetime) -> bool:
     """R6.1/R6.3: a stage picked up after a user cancel, or once the run's
-    deadline is reached (reaching it counts, as for the watchdog), starts nothing."""
-    return cancel_requested or now >= deadline_at
+    deadline is reached (as the watchdog reads it), starts nothing."""
+    return cancel_requested or deadline_reached(now, deadline_at)
 
 
 def conclude_stop(*, cancel_requested: bool) -> StageConclusion:
