@@ -163,7 +163,7 @@ import inspect, json, time
 import tasks.celery  # the project's Celery app (a tree before dashboard.apps loads it)
 from governance import services, time_source
 from governance.models import Thread
-from governance.services.stages import publish
+from governance.services.broker import publish
 by_stage = "stages" in inspect.signature(publish).parameters
 began = time.time()
 for index in range({n}):

@@ -60,7 +60,8 @@ from governance.rules.refusal import RefusalError, parse_segment_key
 from governance.services import providers as provider_services
 from governance.services import statements as sql
 from governance.services.admission import Overloaded
-from governance.services.stages import publish
+from governance.services.broker import publish
+from governance.services.errors import RunSettled
 from governance.services.stream import run_is_settled
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
@@ -561,16 +562,10 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
         raise ApiError(
             403, None, permissions.refusal(permissions.CANCEL_RUN) + " (or your own run)"
         )
-    if run.status == Run.Status.SETTLED:
-        raise ApiError(409, None, "the run is already settled; nothing to cancel")
-    changed = services.request_cancel(
-        run, by=request.api_user.get_username(), now=time_source.now()
-    )
-    if changed:
-        # A queued run settles at once when its next stage is picked up; give
-        # it a nudge so an idle run does not wait for the watchdog.
-        pending = run.stages.filter(finished_at__isnull=True).values_list("id", "kind")
-        publish(list(pending))
+    try:
+        services.request_cancel(run, by=request.api_user.get_username(), now=time_source.now())
+    except RunSettled as exc:
+        raise ApiError(409, None, exc.message) from None
     return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)
 
 

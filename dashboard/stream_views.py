@@ -41,7 +41,7 @@ from dashboard.loop_db import off_loop
 from governance import services, time_source
 from governance.models import Run, RunEvent, Settlement
 from governance.services import stream as stream
-from governance.services.stages import publish
+from governance.services.errors import RunSettled
 
 POLL_S = 0.5  # how often new events are looked for
 KEEPALIVE_S = 15.0  # a comment line on an idle stream so proxies keep it open
@@ -335,11 +335,8 @@ def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     run = get_object_or_404(Run, id=run_id)
     if not permissions.may_stop(request.user, run):
         return error_response(403, None, permissions.refusal(permissions.CANCEL_RUN))
-    if run.status == Run.Status.SETTLED:
-        return error_response(409, None, "the run is already settled; nothing to stop")
-    changed = services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
-    if changed:
-        # Like the cancel API: nudge the pending stage so the stop is seen promptly.
-        pending = run.stages.filter(finished_at__isnull=True).values_list("id", "kind")
-        publish(list(pending))
+    try:
+        services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
+    except RunSettled as exc:
+        return error_response(409, None, exc.message)
     return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)

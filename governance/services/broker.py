@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.db import transaction
 
 from governance import time_source
+
+if TYPE_CHECKING:
+    from governance.models import Stage
 
 SENT_AT_HEADER = "governance_sent_at"
 # Model turns and the finalization wait behind each other; tool calls and
@@ -58,6 +62,32 @@ def send_by_name(
         task.apply_async(args=args, **options)
     else:
         current_app.send_task(name, args=args, **options)
+
+
+STAGE_TASK = "tasks.stages.execute_stage"
+
+
+def publish(
+    stages: Sequence[Stage | tuple[int, str]], countdowns: Mapping[int, float] | None = None
+) -> None:
+    """Send stages to the broker once the transaction that created them commits,
+    each to its kind's queue (``stage_queue``: turns, or tools).
+
+    The broker is not part of the commit: a failed send is logged and the
+    stage stays queued in the database, where the watchdog's sweep finds it
+    (``GOVERNANCE_STAGE_RESEND_AFTER_SECONDS``). The task is reached by name,
+    so governance never imports the execution layer.
+    """
+    for ref in stages:
+        stage_id, kind = ref if isinstance(ref, tuple) else (ref.id, ref.kind)
+        delay = (countdowns or {}).get(stage_id, 0.0)
+        queue = stage_queue(kind)
+        transaction.on_commit(
+            lambda sid=stage_id, d=delay, q=queue: send_by_name(
+                STAGE_TASK, [sid], countdown=d, queue=q
+            ),
+            robust=True,
+        )
 
 
 @dataclass(frozen=True)

@@ -14,3 +14,7 @@ class ServiceError(ValueError):
 
 class BoundaryConflict(ServiceError):
     """The segment the operator looked at was closed meanwhile (answer 409)."""
+
+
+class RunSettled(ServiceError):
+    """A stop asked of a run that already settled (R6.5: answer 409)."""

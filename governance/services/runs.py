@@ -24,13 +24,16 @@ from governance.models import (
     ThreadSession,
 )
 from governance.rules import claims as claim_rules
+from governance.rules import connection as conn
 from governance.rules import lifecycle as lc
 from governance.services import statements as sql
 from governance.services.admission import Overloaded, check_admission
 from governance.services.audit import audit
+from governance.services.broker import publish
 from governance.services.claims import holder_gone, new_holder
-from governance.services.errors import ServiceError
+from governance.services.errors import RunSettled, ServiceError
 from governance.services.events import FACT_KINDS, facts_of, new_event, record_fact
+from governance.services.stream import run_connection
 from governance.services.threads import open_segment
 
 # What a run may ask for at admission. The clock watchdog reads these values
@@ -452,10 +455,20 @@ def cancel_requested(run: Run) -> bool:
 
 
 def request_cancel(run: Run, *, by: str, now: datetime) -> bool:
-    """R7.1: only an explicit stop cancels. Idempotent; a settled run is not reopened."""
+    """R7.1: only an explicit stop cancels. ``rules.connection`` decides: a repeat
+    changes nothing (False), a stop after settlement raises ``RunSettled`` (R6.5:
+    a settled run is not reopened). A new stop nudges the run's pending stages
+    after commit, so an idle run settles without waiting for the watchdog."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
-        if locked.status == Run.Status.SETTLED or locked.cancel_requested_at is not None:
+        before = run_connection(locked)
+        try:
+            conn.apply_connection_event(before, conn.ConnectionEvent.user_stop())
+        except conn.IllegalConnectionTransition:
+            raise RunSettled(
+                "run", f"the run is already settled {before.settlement}; nothing to stop"
+            ) from None
+        if before.user_stop_requested:
             return False
         Run.objects.filter(id=run.id).update(cancel_requested_at=now, cancel_requested_by=by)
         record_fact(
@@ -472,4 +485,5 @@ def request_cancel(run: Run, *, by: str, now: datetime) -> bool:
             detail={},
             now=now,
         )
+        publish(list(locked.stages.filter(finished_at__isnull=True).values_list("id", "kind")))
     return True

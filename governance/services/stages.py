@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
@@ -50,7 +50,7 @@ from governance.rules.turns import StageConclusion
 from governance.services import callbacks
 from governance.services import statements as sql
 from governance.services.alerts import emit_notice
-from governance.services.broker import send_by_name, stage_queue
+from governance.services.broker import publish
 from governance.services.budget import budget_view
 from governance.services.claims import lease
 from governance.services.events import facts_event
@@ -83,40 +83,12 @@ from governance.services.threads import accepted_messages, append_history, open_
 
 log = logging.getLogger(__name__)
 
-STAGE_TASK = "tasks.stages.execute_stage"
 MODEL_STAGES = (Stage.Kind.MODEL_TURN, Stage.Kind.FINALIZATION)
 MAX_RECOVERY_WAIT_S = 600.0  # the watchdog's deadline still bounds the run
 
 
 class StaleClaim(Exception):
     """Another worker holds (or finished) this stage: this execution's facts are void."""
-
-
-# --------------------------------------------------------------------------- publish
-
-
-StageRef = Stage | tuple[int, str]  # a stage, or its id and kind
-
-
-def publish(stages: Sequence[StageRef], countdowns: Mapping[int, float] | None = None) -> None:
-    """Send stages to the broker once the transaction that created them commits,
-    each to its kind's queue (``broker.stage_queue``: turns, or tools).
-
-    The broker is not part of the commit: a failed send is logged and the
-    stage stays queued in the database, where the watchdog's sweep finds it
-    (``GOVERNANCE_STAGE_RESEND_AFTER_SECONDS``). The task is reached by name,
-    so governance never imports the execution layer.
-    """
-    for ref in stages:
-        stage_id, kind = (ref.id, ref.kind) if isinstance(ref, Stage) else ref
-        delay = (countdowns or {}).get(stage_id, 0.0)
-        queue = stage_queue(kind)
-        transaction.on_commit(
-            lambda sid=stage_id, d=delay, q=queue: send_by_name(
-                STAGE_TASK, [sid], countdown=d, queue=q
-            ),
-            robust=True,
-        )
 
 
 # --------------------------------------------------------------------------- claim

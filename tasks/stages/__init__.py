@@ -19,7 +19,8 @@ from governance import time_source
 from governance.models import Run, Stage
 from governance.rules.turns import conclude_local_failure, conclude_stop, stage_must_stop
 from governance.services import stages as stage_service
-from governance.services.stages import StaleClaim, publish
+from governance.services.broker import STAGE_TASK, publish
+from governance.services.stages import StaleClaim
 from tasks import instrumentation as spans
 from tasks.stages import model_turn, tool_call, verify_effect
 from tasks.stages.heartbeat import heartbeat
@@ -36,7 +37,7 @@ HANDLERS = {
 }
 
 
-@shared_task(name=stage_service.STAGE_TASK, ignore_result=True, acks_late=True)
+@shared_task(name=STAGE_TASK, ignore_result=True, acks_late=True)
 def execute_stage(stage_id: int) -> str:
     return run_stage(stage_id)
 

@@ -35,6 +35,7 @@ from governance.models import (
     ThreadSession,
 )
 from governance.rules import lifecycle as lc
+from governance.services.errors import RunSettled
 
 pytestmark = pytest.mark.django_db
 
@@ -977,6 +978,22 @@ def test_r6_5_cancel_of_a_settled_run_is_409_and_the_settlement_stands(api, run_
     assert run.cancel_requested_at is None
     assert run.settlement.outcome == "failed"
     assert not AuditEntry.objects.filter(action="run.cancel").exists()
+
+
+def test_r6_5_the_stop_service_itself_refuses_a_settled_run(api, run_id, manual_clock):
+    """The 409 is the service's answer (rules.connection), not a view's own check:
+    a stop that reaches the service after the run settled changes nothing."""
+    run = Run.objects.get(id=run_id)
+    services.settle(
+        run,
+        lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered"),
+        manual_clock(),
+    )
+    before = counts()
+    with pytest.raises(RunSettled, match="already settled completed"):
+        services.request_cancel(run, by=USERNAME, now=manual_clock())
+    assert counts() == before
+    assert Run.objects.get(id=run_id).cancel_requested_at is None
 
 
 def test_cancel_ignores_the_request_body(api, run_id):

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from governance.models import Run, Stage
-from governance.services.broker import queue_states
-from governance.services.stages import publish
+from governance.services.broker import publish, queue_states
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

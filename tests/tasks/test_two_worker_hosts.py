@@ -16,7 +16,7 @@ from django.db import connection
 
 from governance import services, time_source
 from governance.models import Provider, Run, Stage, Thread
-from governance.services.stages import publish
+from governance.services.broker import publish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

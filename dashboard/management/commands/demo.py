@@ -612,7 +612,7 @@ class Scenario:
 
     def run(self, thread: Thread, text: str, *, queued_s: float = 3, **options: Any) -> Run:
         """Admit a run, let it wait in the queue, then run its stages inline."""
-        from governance.services.stages import publish
+        from governance.services.broker import publish
 
         run, stage, _ = services.submit_run(
             thread, input=text, now=self.clock(), trace_context=self._trace(thread), **options
@@ -625,15 +625,12 @@ class Scenario:
         return done
 
     def cancelled_run(self, thread: Thread, text: str, by: str) -> Run:
-        from governance.services.stages import publish
-
-        run, stage, _ = services.submit_run(
+        run, _, _ = services.submit_run(
             thread, input=text, now=self.clock(), trace_context=self._trace(thread)
         )
         self.clock.advance(20)
+        # The stop nudges the queued stage (eager here): it settles the run cancelled.
         services.request_cancel(run, by=by, now=self.clock())
-        self.clock.advance(2)
-        publish([stage])
         return Run.objects.get(id=run.id)
 
     def play(self) -> None:
