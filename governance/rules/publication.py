@@ -397,15 +397,17 @@ class SettlementDecision:
     """R6.5/R7.3: the outcome to settle with, and why. The callback must carry ``outcome``."""
 
     outcome: SettlementOutcome
-    save: SaveOutcome
+    save: SaveOutcome | None  # None: the chunk facts are unreadable, the save unknown
     reason: str
 
 
 def settlement_from_facts(
-    *, precomputed: SettlementOutcome, publication: Publication
+    *, precomputed: SettlementOutcome, publication: Publication | None
 ) -> SettlementDecision:
     """R7.3: settle from the facts the save left, not from what was computed before it.
 
+    - no publication (chunk facts that break R7.2's rules prove nothing): a
+      ``completed`` cannot stand and is ``partial``; any other outcome stands;
     - ``cancelled`` stays cancelled (an explicit user stop; committed chunks stay facts);
     - nothing saved → ``failed`` (no answer was produced, R4.4);
     - ``completed`` stands only when the save is complete;
@@ -415,6 +417,12 @@ def settlement_from_facts(
     - otherwise ``partial``: a partial save overrides a pre-save ``completed``.
     """
     precomputed = SettlementOutcome(precomputed)
+    if publication is None:
+        if precomputed is SettlementOutcome.COMPLETED:
+            return SettlementDecision(
+                SettlementOutcome.PARTIAL, None, "body chunk facts are unreadable"
+            )
+        return SettlementDecision(precomputed, None, "body chunk facts are unreadable")
     save = save_outcome(publication)
     committed = publication.committed_count
     if precomputed is SettlementOutcome.CANCELLED:

@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
-from governance.models import BodyChunk, Run, RunCallback, Settlement
+from governance.models import Run, RunCallback, Settlement
 from governance.rules.publication import (
     Publication,
     PublicationError,
@@ -44,7 +44,7 @@ from governance.rules.publication import (
     settlement_from_facts,
 )
 from governance.services.broker import send_by_name
-from governance.services.deliveries import publication_of
+from governance.services.deliveries import run_publication
 
 SIGNATURE_HEADER = "X-Governance-Signature"
 TIMESTAMP_HEADER = "X-Governance-Timestamp"
@@ -105,15 +105,10 @@ def idempotency_key(run: Run) -> str:
 
 
 def _publication(run: Run) -> Publication | None:
-    """R7.2 facts of the run's body from its chunk rows, read as the delivery
-    judgement reads them (None when they break the rules)."""
-    rows = (
-        BodyChunk.objects.filter(run=run)
-        .order_by("chunk_no")
-        .values_list("chunk_no", "version", "final", "sent_at", "observed_at")
-    )
+    """R7.2 facts of the run's body, read as the delivery judgement reads them
+    (None when they break the rules)."""
     try:
-        return publication_of(rows)
+        return run_publication(run.id)
     except PublicationError:
         return None
 
@@ -122,16 +117,12 @@ def settlement_payload(run: Run, row: Settlement) -> dict[str, Any]:
     """What the receiver is told: the settlement as the committed facts leave it."""
     recorded = SettlementOutcome(row.outcome)
     publication = _publication(run)
-    outcome, save, outcome_reason = recorded, None, row.reason
+    # R7.3: the receiver is told what the committed facts leave (the rule narrows
+    # a pre-save "completed"; unreadable facts prove no complete body).
+    decision = settlement_from_facts(precomputed=recorded, publication=publication)
     chunks: dict[str, Any] = {}
     delivery: dict[str, Any] = {}
     if publication is not None:
-        decision = settlement_from_facts(precomputed=recorded, publication=publication)
-        save = decision.save.value
-        # The rule may only narrow a "completed" that the facts do not carry (R7.3);
-        # any other recorded outcome already is the settled fact (R6.5) and stands.
-        if recorded is SettlementOutcome.COMPLETED:
-            outcome, outcome_reason = decision.outcome, decision.reason
         evidence = delivery_evidence(publication)
         chunks = {
             "generated": len(publication.generated_ids),
@@ -146,19 +137,16 @@ def settlement_payload(run: Run, row: Settlement) -> dict[str, Any]:
             "client_received_everything": evidence.client_received_everything,
             "text": evidence.text,
         }
-    elif recorded is SettlementOutcome.COMPLETED:
-        # Unreadable chunk facts cannot prove a complete body.
-        outcome, outcome_reason = SettlementOutcome.PARTIAL, "body chunk facts are unreadable"
     return {
         "event": EVENT,
         "run_id": str(run.id),
         "thread_id": str(run.thread_id),
-        "outcome": outcome.value,
+        "outcome": decision.outcome.value,
         "settlement_outcome": recorded.value,
-        "save": save,
+        "save": decision.save.value if decision.save else None,
         "reason_code": row.reason_code,
         "reason": row.reason,
-        "outcome_reason": outcome_reason,
+        "outcome_reason": decision.reason,
         "unknown_effects": list(row.unknown_effects or []),
         "settled_at": row.settled_at.isoformat(),
         "chunks": chunks,

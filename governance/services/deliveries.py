@@ -161,6 +161,22 @@ def _callback_view(record: Mapping[str, Any]) -> CallbackView:
 ChunkRow = tuple[int, int | None, bool, datetime | None, datetime | None]
 
 
+# The columns of a BodyChunk row that are R7.2's facts, in ChunkRow's order.
+CHUNK_FACT_COLUMNS = ("chunk_no", "version", "final", "sent_at", "observed_at")
+
+
+def run_publication(run_id: Any) -> Publication:
+    """R7.2: the Publication value of one run, read from its chunk rows (the one
+    reader the stream, the callback and the report share). Raises PublicationError
+    when the rows break the ordering rules."""
+    rows = (
+        BodyChunk.objects.filter(run_id=run_id)
+        .order_by("chunk_no")
+        .values_list(*CHUNK_FACT_COLUMNS)
+    )
+    return publication_of(rows)
+
+
 def publication_of(rows: Iterable[ChunkRow]) -> Publication:
     """R7.2: the Publication value of one run from its BodyChunk rows, in chunk order.
 
@@ -268,7 +284,7 @@ def _judge_batch(rows: list[tuple]) -> list[Judged]:
     for run_id, *chunk in (
         BodyChunk.objects.filter(run_id__in=run_ids)
         .order_by("run_id", "chunk_no")
-        .values_list("run_id", "chunk_no", "version", "final", "sent_at", "observed_at")
+        .values_list("run_id", *CHUNK_FACT_COLUMNS)
     ):
         chunks[run_id].append(tuple(chunk))
     unknown: dict[UUID, list[str]] = defaultdict(list)

@@ -21,6 +21,7 @@ from governance.rules import connection as conn
 from governance.rules import publication as pub
 from governance.rules.turns import ChunkCommit
 from governance.services import statements as sql
+from governance.services.deliveries import run_publication
 from governance.services.errors import ServiceError
 from governance.services.events import new_event
 
@@ -125,33 +126,12 @@ def mark_chunks_sent(run_id: Any, chunk_nos: list[int], *, now: datetime) -> int
     many were new."""
     if not chunk_nos:
         return 0
-    fresh = pub.newly_sent(_publication(run_id), chunk_nos)
+    fresh = pub.newly_sent(run_publication(run_id), chunk_nos)
     if not fresh:
         return 0
     return BodyChunk.objects.filter(run_id=run_id, chunk_no__in=fresh, sent_at__isnull=True).update(
         sent_at=now
     )
-
-
-def _publication(run_id: Any) -> pub.Publication:
-    chunks = []
-    ack_through = 0
-    rows = BodyChunk.objects.filter(run_id=run_id).order_by("chunk_no")
-    for chunk_no, version, committed_at, sent_at, observed_at in rows.values_list(
-        "chunk_no", "version", "committed_at", "sent_at", "observed_at"
-    ):
-        committed = version is not None and committed_at is not None
-        chunks.append(
-            pub.ChunkFacts(
-                chunk_id=chunk_no,
-                committed_version=version if committed else None,
-                sent=committed and sent_at is not None,
-                observed=committed and observed_at is not None,
-            )
-        )
-        if committed and observed_at is not None:
-            ack_through = max(ack_through, chunk_no)
-    return pub.Publication(chunks=tuple(chunks), client_ack_through=ack_through)
 
 
 @dataclass(frozen=True)
@@ -177,7 +157,7 @@ def record_ack(run: Run, through: Any, *, now: datetime) -> AckResult:
     with transaction.atomic():
         # Serialise acks of one run so two concurrent acks cannot interleave.
         Run.objects.select_for_update().filter(id=run.id).values_list("id", flat=True).first()
-        before = _publication(run.id)
+        before = run_publication(run.id)
         try:
             after = pub.record_client_ack(before, through)
         except pub.PublicationError as exc:

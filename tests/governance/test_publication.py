@@ -270,6 +270,16 @@ def test_r7_3_partial_is_never_upgraded_by_a_complete_save():
     )
 
 
+def test_r7_3_unreadable_chunk_facts_prove_no_complete_body():
+    """No publication (rows that break R7.2): 'completed' cannot stand; the rest stands."""
+    decision = settlement_from_facts(precomputed=OUT.COMPLETED, publication=None)
+    assert decision.outcome is OUT.PARTIAL and decision.save is None
+    assert "unreadable" in decision.reason
+    for precomputed in (OUT.PARTIAL, OUT.FAILED, OUT.CANCELLED):
+        decision = settlement_from_facts(precomputed=precomputed, publication=None)
+        assert decision.outcome is precomputed and decision.save is None
+
+
 def test_r7_3_settlement_rejects_unknown_precomputed_outcome():
     with pytest.raises(ValueError):
         settlement_from_facts(precomputed="complete", publication=body(1))  # type: ignore[arg-type]

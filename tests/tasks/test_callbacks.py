@@ -240,6 +240,28 @@ def test_r7_3_completed_computed_before_an_incomplete_save_is_sent_as_partial(
     assert verify_signature(receiver.received[0])["outcome"] == "partial"
 
 
+def test_r7_3_the_callback_says_what_the_rule_says_when_nothing_was_saved(manual_clock, receiver):
+    """One copy of R7.3: a recorded 'partial' with no committed chunk is told as the
+    rule tells it (failed: nothing saved), not kept as recorded."""
+    callback = settled_run(receiver.url, outcome="partial", chunks=())
+    assert callback.payload["settlement_outcome"] == "partial"
+    assert callback.payload["outcome"] == "failed"
+    assert callback.payload["save"] == "nothing_saved"
+    assert "no chunk committed" in callback.payload["outcome_reason"]
+
+
+def test_r7_3_unreadable_chunk_facts_are_told_as_the_rule_tells_them(manual_clock, receiver):
+    """Chunk rows that break R7.2 (committed chunks that are no prefix) prove no complete body."""
+    callback = settled_run(receiver.url, outcome="completed")
+    run = callback.run
+    BodyChunk.objects.filter(run=run, chunk_no=1).update(version=None)  # 2 without 1
+    payload = cb.settlement_payload(run, run.settlement)
+    assert payload["settlement_outcome"] == "completed"
+    assert payload["outcome"] == "partial" and payload["save"] is None
+    assert payload["outcome_reason"] == "body chunk facts are unreadable"
+    assert payload["chunks"] == {} and payload["delivery"] == {}
+
+
 def test_r7_3_no_callback_url_means_no_callback_row(manual_clock):
     """R7.3: a callback is sent only when the thread (or run) names a URL."""
     now = time_source.now()
