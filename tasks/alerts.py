@@ -2,8 +2,9 @@
 
 It decides nothing on its own: ``governance.services.alerts`` claims the
 outbox row (written ``sending`` before the call), this module makes the call
-and classifies what came back, and the service records it — retry with
-backoff when transient (429, 5xx, network), disable the channel when
+and reads what came back by ``governance.rules.redelivery``, and the service
+records it — retry with backoff when transient (408, 425, 429, 5xx, network),
+disable the channel when
 permanent (other 4xx, bad configuration — which includes a target the
 outbound check refuses at send time: loopback, private, metadata addresses,
 plain http in production; issue 10, ``tasks.outbound``).
@@ -31,6 +32,7 @@ from django.urls import NoReverseMatch, reverse
 from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
 from governance.rules.health import parse_retry_after
+from governance.rules.redelivery import Verdict, attempt_verdict, smtp_reply_verdict
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
 from tasks import outbound
@@ -40,7 +42,6 @@ log = logging.getLogger(__name__)
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SOURCE = "agent-governance"
 TIMEOUT = httpx.Timeout(10.0, connect=5.0)
-TRANSIENT_STATUS = frozenset({408, 425, 429})
 
 
 class BadConfig(Exception):
@@ -207,15 +208,15 @@ def send(delivery: NotificationDelivery) -> DeliveryResult:
 
 def classify_response(response: httpx.Response) -> DeliveryResult:
     code = response.status_code
-    if 200 <= code < 300:
-        return DeliveryResult(DeliveryResult.DELIVERED, code)
+    verdict = attempt_verdict(code)
+    if verdict is Verdict.DELIVERED:
+        return DeliveryResult(verdict, code)
     snippet = response.text[:300] if response.content else ""
     error = f"HTTP {code} {response.reason_phrase}: {snippet}".strip().rstrip(":")
-    if code in TRANSIENT_STATUS or code >= 500:
+    if verdict is Verdict.RETRY:
         wait = parse_retry_after(response.headers.get("Retry-After"), time_source.now())
-        return DeliveryResult(DeliveryResult.TRANSIENT, code, error, wait)
-    # Other 4xx (and redirects: a webhook URL that moved) will not heal by retrying.
-    return DeliveryResult(DeliveryResult.PERMANENT, code, error)
+        return DeliveryResult(verdict, code, error, wait)
+    return DeliveryResult(verdict, code, error)
 
 
 def _post(url: str, body: dict[str, Any], delivery: NotificationDelivery) -> DeliveryResult:
@@ -260,7 +261,7 @@ def _send_email(delivery: NotificationDelivery) -> DeliveryResult:
     except smtplib.SMTPAuthenticationError as exc:
         return DeliveryResult(DeliveryResult.PERMANENT, exc.smtp_code, f"SMTP auth: {exc}")
     except smtplib.SMTPResponseException as exc:
-        kind = DeliveryResult.PERMANENT if exc.smtp_code >= 500 else DeliveryResult.TRANSIENT
+        kind = smtp_reply_verdict(exc.smtp_code)
         return DeliveryResult(kind, exc.smtp_code, f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")
     except (smtplib.SMTPException, OSError) as exc:
         return DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")

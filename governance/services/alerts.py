@@ -36,6 +36,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
+from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt
 from governance.services.audit import audit
 from governance.services.broker import send_by_name
 from governance.services.outbound import Resolver, check_outbound_url
@@ -55,16 +56,17 @@ HEARD = (State.PENDING, State.SENDING, State.RETRY, State.DELIVERED)
 
 @dataclass(frozen=True)
 class DeliveryResult:
-    """What one call out said. ``kind``: delivered / transient / permanent."""
+    """What one call out said, as ``rules.redelivery`` reads it: delivered, retry
+    (transient) or failed (permanent)."""
 
-    kind: str
+    kind: Verdict
     status_code: int | None = None
     error: str = ""
     retry_after_s: float | None = None
 
-    DELIVERED = "delivered"
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
+    DELIVERED = Verdict.DELIVERED
+    TRANSIENT = Verdict.RETRY
+    PERMANENT = Verdict.FAILED
 
 
 # --------------------------------------------------------------------------- settings
@@ -79,14 +81,16 @@ def _claim_lease() -> timedelta:
     return timedelta(seconds=settings.GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS)
 
 
-def retry_delay(attempts: int, retry_after_s: float | None = None) -> timedelta:
-    """Capped exponential backoff; a server's Retry-After is honoured up to the cap."""
-    base = settings.GOVERNANCE_ALERT_RETRY_BASE_SECONDS
+def retry_policy() -> RetryPolicy:
+    """R8.2's sender: the settings' backoff and attempts; a Retry-After is honoured
+    only up to the backoff's own cap (a page must not wait a receiver's day)."""
     cap = settings.GOVERNANCE_ALERT_RETRY_MAX_SECONDS
-    seconds = base * 2 ** max(0, min(attempts - 1, 20))
-    if retry_after_s is not None:
-        seconds = max(seconds, retry_after_s)
-    return timedelta(seconds=min(seconds, cap))
+    return RetryPolicy(
+        base_s=settings.GOVERNANCE_ALERT_RETRY_BASE_SECONDS,
+        cap_s=cap,
+        max_attempts=settings.GOVERNANCE_ALERT_MAX_ATTEMPTS,
+        retry_after_cap_s=cap,
+    )
 
 
 def channel_target_problem(
@@ -308,7 +312,8 @@ def record_result(delivery: NotificationDelivery, result: DeliveryResult, now: d
     mine = NotificationDelivery.objects.filter(
         id=delivery.id, state=State.SENDING, attempts=delivery.attempts
     )
-    if result.kind == DeliveryResult.DELIVERED:
+    step = after_attempt(result.kind, delivery.attempts, result.retry_after_s, retry_policy())
+    if step.state is Verdict.DELIVERED:
         mine.update(
             state=State.DELIVERED,
             delivered_at=now,
@@ -317,21 +322,20 @@ def record_result(delivery: NotificationDelivery, result: DeliveryResult, now: d
             claimed_at=None,
         )
         return State.DELIVERED
-    if result.kind == DeliveryResult.TRANSIENT:
-        limit = settings.GOVERNANCE_ALERT_MAX_ATTEMPTS
-        if delivery.attempts >= limit:
-            mine.update(
-                state=State.FAILED,
-                status_code=result.status_code,
-                last_error=f"gave up after {delivery.attempts} attempts: {result.error}"[:2000],
-                claimed_at=None,
-            )
-            return State.FAILED
+    if step.gave_up:
+        mine.update(
+            state=State.FAILED,
+            status_code=result.status_code,
+            last_error=f"gave up after {delivery.attempts} attempts: {result.error}"[:2000],
+            claimed_at=None,
+        )
+        return State.FAILED
+    if step.state is Verdict.RETRY:
         mine.update(
             state=State.RETRY,
             status_code=result.status_code,
             last_error=result.error[:2000],
-            next_attempt_at=now + retry_delay(delivery.attempts, result.retry_after_s),
+            next_attempt_at=now + timedelta(seconds=step.retry_in_s or 0.0),
             claimed_at=None,
         )
         return State.RETRY

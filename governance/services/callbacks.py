@@ -10,11 +10,11 @@ The HTTP call itself lives in ``tasks.callbacks``; this module owns the facts:
   ``attempts + 1``) with a conditional update, so two workers never send the same
   attempt: the one whose update changed no row backs off.
 - ``record_result`` records the answer AFTER the call, only for the attempt that
-  was claimed: delivered on 2xx; retry with capped exponential backoff on 429
-  (Retry-After honoured), 5xx, network errors and timeouts; failed on any other
-  status, when the outbound check refused the URL (issue 10: loopback,
-  private, metadata addresses, plain http in production) or when the
-  attempts are used up.
+  was claimed, as ``governance.rules.redelivery`` reads it: delivered on 2xx;
+  retry with capped exponential backoff (Retry-After a floor) on 408, 425, 429,
+  5xx, network errors and timeouts; failed on any other status, when the
+  outbound check refused the URL (issue 10: loopback, private, metadata
+  addresses, plain http in production) or when the attempts are used up.
 
 Receiver contract: one run sends at most one settlement, identified by the
 ``Idempotency-Key`` header (stable per run). Delivery is at least once — a
@@ -43,6 +43,7 @@ from governance.rules.publication import (
     delivery_evidence,
     settlement_from_facts,
 )
+from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt, attempt_verdict
 from governance.services.broker import send_by_name
 from governance.services.deliveries import run_publication
 
@@ -50,18 +51,6 @@ SIGNATURE_HEADER = "X-Governance-Signature"
 TIMESTAMP_HEADER = "X-Governance-Timestamp"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 EVENT = "run.settled"
-
-
-def max_attempts() -> int:
-    return settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS
-
-
-def _backoff_base() -> float:
-    return settings.GOVERNANCE_CALLBACK_BACKOFF_SECONDS
-
-
-def _backoff_cap() -> float:
-    return settings.GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS
 
 
 def _lease() -> timedelta:
@@ -73,15 +62,14 @@ def _lease() -> timedelta:
 RETRY_AFTER_CAP_S = 24 * 3600.0
 
 
-def backoff_delay(attempt: int, retry_after_s: float | None = None) -> timedelta:
-    """Delay after failed attempt ``attempt`` (1-based): base·2^(n-1), capped.
-
-    A receiver's Retry-After wins when given (429/503 say when to come back).
-    """
-    if retry_after_s is not None:
-        return timedelta(seconds=min(max(retry_after_s, 0.0), RETRY_AFTER_CAP_S))
-    seconds = _backoff_base() * (2 ** max(attempt - 1, 0))
-    return timedelta(seconds=min(seconds, _backoff_cap()))
+def retry_policy() -> RetryPolicy:
+    """R7.3's sender: the settings' backoff and attempts (``rules.redelivery``)."""
+    return RetryPolicy(
+        base_s=settings.GOVERNANCE_CALLBACK_BACKOFF_SECONDS,
+        cap_s=settings.GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS,
+        max_attempts=settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS,
+        retry_after_cap_s=RETRY_AFTER_CAP_S,
+    )
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -208,7 +196,7 @@ def claim_attempt(callback_id: int, now: datetime) -> Claim | None:
     row = RunCallback.objects.filter(id=callback_id).first()
     if row is None or row.state in (RunCallback.State.DELIVERED, RunCallback.State.FAILED):
         return None
-    if row.attempts >= max_attempts():
+    if row.attempts >= settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS:
         RunCallback.objects.filter(id=row.id, attempts=row.attempts, state=row.state).update(
             state=RunCallback.State.FAILED,
             last_error=(row.last_error + "; " if row.last_error else "")
@@ -236,34 +224,25 @@ class Result:
     refused: bool = False  # the outbound check refused the URL (issue 10): fails at once
 
 
-def classify(result: Result) -> str:
-    """delivered / retry / failed: 2xx delivered; 429, 5xx, network, timeout retry;
-    a URL the outbound check refused fails at once."""
-    if result.refused:
-        return "failed"
-    if result.status is None:
-        return "retry"
-    if 200 <= result.status < 300:
-        return "delivered"
-    if result.status == 429 or result.status >= 500:
-        return "retry"
-    return "failed"  # other 4xx (and 1xx/3xx: we do not follow redirects) are permanent
+def classify(result: Result) -> Verdict:
+    """delivered / retry / failed, by ``rules.redelivery`` (a refused URL fails at once)."""
+    return attempt_verdict(result.status, permanent=result.refused)
 
 
 def record_result(claim: Claim, result: Result, now: datetime) -> str:
     """Record the answer of the claimed attempt; returns the new state ('' if superseded)."""
-    verdict = classify(result)
+    step = after_attempt(classify(result), claim.attempt, result.retry_after_s, retry_policy())
     error = result.error[:4000]
     fields: dict[str, Any] = {"status_code": result.status, "last_error": error}
-    if verdict == "delivered":
+    if step.state is Verdict.DELIVERED:
         fields.update(state=RunCallback.State.DELIVERED, delivered_at=now, last_error="")
-    elif verdict == "retry" and claim.attempt < max_attempts():
+    elif step.state is Verdict.RETRY:
         fields.update(
             state=RunCallback.State.RETRY,
-            next_attempt_at=now + backoff_delay(claim.attempt, result.retry_after_s),
+            next_attempt_at=now + timedelta(seconds=step.retry_in_s or 0.0),
         )
     else:
-        if verdict == "retry":
+        if step.gave_up:
             error = f"{error or f'HTTP {result.status}'}; gave up after {claim.attempt} attempt(s)"
             fields["last_error"] = error[:4000]
         fields.update(state=RunCallback.State.FAILED)

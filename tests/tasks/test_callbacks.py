@@ -378,6 +378,37 @@ def test_r7_3_429_retry_after_is_respected(manual_clock, receiver):
     assert len(receiver.received) == 2
 
 
+@pytest.mark.parametrize("status", [408, 425])
+def test_r7_3_request_timeout_and_too_early_are_retried_like_alerts(manual_clock, receiver, status):
+    """One copy of the redelivery rule: 408 and 425 mean "not now" for a callback
+    as for an alert channel (the callback sender used to give up on them)."""
+    receiver.responses = [(status, {})]
+    callback = settled_run(receiver.url)
+    start = time_source.now()
+    assert delivery.deliver(callback.id) == RunCallback.State.RETRY
+    callback.refresh_from_db()
+    backoff = timedelta(seconds=django_settings.GOVERNANCE_CALLBACK_BACKOFF_SECONDS)
+    assert callback.status_code == status and callback.next_attempt_at == start + backoff
+
+
+def test_r7_3_a_retry_after_sooner_than_the_backoff_does_not_shorten_it(manual_clock, receiver):
+    """Retry-After is a floor: "come back in 1 s" after the third failure still waits
+    the backoff of the third attempt (base·4)."""
+    receiver.responses = [(503, {}), (503, {}), (503, {"Retry-After": "1"})]
+    callback = settled_run(receiver.url)
+    for _ in range(2):
+        assert delivery.deliver(callback.id) == RunCallback.State.RETRY
+        callback.refresh_from_db()
+        manual_clock.set(callback.next_attempt_at)
+    at = time_source.now()
+    assert delivery.deliver(callback.id) == RunCallback.State.RETRY
+    callback.refresh_from_db()
+    base = django_settings.GOVERNANCE_CALLBACK_BACKOFF_SECONDS
+    assert callback.attempts == 3
+    cap = django_settings.GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS
+    assert callback.next_attempt_at == at + timedelta(seconds=min(4 * base, cap))
+
+
 def test_r7_3_concurrent_deliveries_of_the_same_attempt_send_once(manual_clock, receiver):
     """R7.3: eight workers race for one attempt; the conditional claim lets one send."""
     receiver.delay_s = 0.3
