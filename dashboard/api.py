@@ -23,7 +23,6 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import connection, transaction
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -124,7 +123,7 @@ def _authenticate(request: HttpRequest):
     if user is None or not user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
     request.api_scopes = tuple(row.scopes or ())
-    now = timezone.now()
+    now = time_source.now()
     if row.last_used_at is None or now - row.last_used_at >= TOKEN_USE_PRECISION:
         # "Last used" to the minute: not one write per request of a busy client.
         ApiToken.objects.filter(pk=row.id).update(last_used_at=now)

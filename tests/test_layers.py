@@ -19,7 +19,10 @@ FORBIDDEN_IN_RULES = {
     "os", "time", "asyncio", "subprocess", "psycopg", "redis", "opentelemetry",
     "tasks", "dashboard",
 }  # fmt: skip
+# Reads of the clock: ``.now()``/``.utcnow()``/``.today()`` with or without a
+# zone argument, and the ``time`` module's readers.
 CLOCK_READS = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
+ZONED_CLOCK_READS = {"now", "utcnow", "today"}
 
 
 def rule_modules() -> list[Path]:
@@ -36,6 +39,40 @@ def imported_roots(tree: ast.AST) -> set[str]:
     return roots
 
 
+def governance_imports(tree: ast.AST) -> set[str]:
+    """Modules of ``governance`` a file imports, relative imports resolved
+    against ``governance/rules/`` (``..models`` is ``governance.models``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "governance")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ["governance", "rules"][: max(0, 2 - (node.level - 1))]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "governance":
+                continue
+            if module in ("governance", "governance.rules"):
+                found.update(f"{module}.{a.name}" for a in node.names)
+            else:
+                found.add(module)
+    return found
+
+
+def clock_reads(tree: ast.AST) -> list[str]:
+    return [
+        f"line {node.lineno}: .{node.func.attr}()"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and (
+            node.func.attr in ZONED_CLOCK_READS or (node.func.attr in CLOCK_READS and not node.args)
+        )
+    ]
+
+
 def test_rule_modules_exist():
     names = {p.stem for p in rule_modules()}
     expected = {"refusal", "segments", "health", "routing", "run_clocks", "budget", "lifecycle"}
@@ -49,17 +86,78 @@ def test_rule_module_imports_no_framework_network_or_clock(path: Path):
 
 
 @pytest.mark.parametrize("path", rule_modules(), ids=lambda p: p.name)
+def test_rule_module_imports_only_other_rules_of_governance(path: Path):
+    """Facts, services and the injectable clock live outside rules/: a rule that
+    imports them is no longer pure, relative import or not."""
+    outside = {
+        m
+        for m in governance_imports(ast.parse(path.read_text()))
+        if not m.startswith("governance.rules.")
+    }
+    assert outside == set()
+
+
+@pytest.mark.parametrize("path", rule_modules(), ids=lambda p: p.name)
 def test_rule_module_never_reads_the_clock(path: Path):
-    tree = ast.parse(path.read_text())
-    reads = [
-        f"line {node.lineno}: .{node.func.attr}()"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in CLOCK_READS
-        and not node.args
+    assert clock_reads(ast.parse(path.read_text())) == []
+
+
+# Outside rules/, time is read through governance.time_source (injectable, and
+# the rehearsal offset applies). These read the wall clock on purpose.
+WALL_CLOCK_ALLOWED = {
+    "governance/time_source.py": "the injectable clock itself",
+    "tasks/jobs.py": "process liveness: a heartbeat is about real processes, not facts",
+    "dashboard/views.py": "/healthz and the board's component status read those heartbeats",
+    "dashboard/management/commands/up.py": "`up`'s status line reads those heartbeats",
+    "dashboard/management/commands/demo.py": "the demo anchors its scenario to the real day",
+}
+
+
+def wall_clock_reads(tree: ast.AST) -> list[str]:
+    """``datetime.now()``, ``timezone.now()``, ``date.today()`` and the like: the
+    wall clock read directly (``time_source.now()`` is not one)."""
+    reads = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+        if node.func.attr in ZONED_CLOCK_READS and name in {"datetime", "timezone", "date"}:
+            reads.append(f"line {node.lineno}: {name}.{node.func.attr}()")
+    return reads
+
+
+def test_runtime_reads_the_time_through_time_source():
+    offenders = []
+    for root in ("governance", "tasks", "dashboard"):
+        for path in (REPO_ROOT / root).rglob("*.py"):
+            name = str(path.relative_to(REPO_ROOT))
+            if "migrations" in path.parts or name in WALL_CLOCK_ALLOWED:
+                continue
+            reads = wall_clock_reads(ast.parse(path.read_text()))
+            offenders += [f"{name} {r}" for r in reads]
+    assert offenders == []
+
+
+def test_the_checks_see_zoned_clock_reads_and_relative_imports():
+    """The checks themselves: ``datetime.now(UTC)`` is a clock read, and
+    ``from ..models import X`` inside rules/ is an import of governance.models."""
+    tree = ast.parse(
+        "from datetime import UTC, datetime\nfrom ..models import Run\nfrom . import refusal\n"
+        "from governance import time_source\nfrom governance.rules import health\n"
+        "def f():\n    return datetime.now(UTC), time.monotonic()\n"
+    )
+    assert [r.split(": ")[1] for r in clock_reads(tree)] == [".now()", ".monotonic()"]
+    assert [r.split(": ")[1] for r in wall_clock_reads(tree)] == ["datetime.now()"]
+    assert wall_clock_reads(ast.parse("time_source.now(); timezone.now()")) == [
+        "line 1: timezone.now()"
     ]
-    assert reads == []
+    assert governance_imports(tree) == {
+        "governance.models",
+        "governance.rules.refusal",
+        "governance.time_source",
+        "governance.rules.health",
+    }
 
 
 @pytest.mark.parametrize("package", ["governance", "tasks"])
