@@ -120,6 +120,13 @@ def attempt_parts(
     return parts
 
 
+def rerender_level(calls: Sequence[TurnCall], provider_id: str, kind: str) -> int:
+    """R3.1: the level an attempt renders at — one more than the turn's earlier
+    attempts of the same kind at the same provider (each re-render goes further;
+    the first sends the input as the kind allows)."""
+    return 1 + sum(1 for c in calls if c.provider_id == provider_id and c.kind == kind)
+
+
 def request_messages(system_prompt: str, parts: Sequence[Message]) -> list[Message]:
     """R1.1: ``[system][accepted history][new input]``; no system part when empty."""
     ordered = request_parts(system_prompt, History(()), parts)
@@ -310,6 +317,8 @@ def chunks_of(text: str, pieces: Sequence[str], min_chars: int = CHUNK_MIN_CHARS
 
 
 def _counts_for_health(classification: Classification) -> bool:
+    """R2.3: a success, a time-based failure or an auth failure moves the
+    provider's health; a refusal (R3) or a bad request does not."""
     return classification.failure_class is None or classification.failure_class in HEALTH_CLASSES
 
 
@@ -336,11 +345,7 @@ def conclude_turn(
         HealthMove(c.provider_id, c.classification, c.error)
         for c in calls
         # The run's own clock cut it: not the provider's health (R6.1, R2.3).
-        if c.timeout_name not in RUN_CLOCK_CUTS
-        and (
-            c.classification.failure_class is None
-            or c.classification.failure_class in HEALTH_CLASSES
-        )
+        if c.timeout_name not in RUN_CLOCK_CUTS and _counts_for_health(c.classification)
     )
     turn_refusals = tuple(
         (c.provider_id, c.digest)

@@ -37,11 +37,9 @@ from governance.services.runs import (
     enqueue_stage,
     finish_stage,
     mark_progress,
-    record_decision,
     request_cancel,
     run_facts,
     run_goal,
-    settle,
     submit_run,
 )
 from governance.services.stream import commit_chunks
@@ -81,7 +79,6 @@ __all__ = [
     "open_receipt",
     "open_segment",
     "provider_health",
-    "record_decision",
     "record_event",
     "record_fact",
     "record_provider_result",
@@ -100,7 +97,6 @@ __all__ = [
     "segment_config_of",
     "segment_refusals",
     "session_history",
-    "settle",
     "submit_run",
     "turn_memory",
 ]

@@ -380,36 +380,9 @@ def decision_entry(
     return entry
 
 
-def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
-    """Keep the lifecycle's decision on the run (outside a stage's close)."""
-    entering = decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization"
-    entry = decision_entry(
-        decision, now, facts_before=len(run_facts(run).facts) if entering else None
-    )
-    run.decisions = [*run.decisions, entry]
-    Run.objects.filter(id=run.id).update(decisions=run.decisions)
-    if entering:
-        Run.objects.filter(id=run.id).update(phase="finalization", status=Run.Status.FINALIZING)
-        run.phase = "finalization"
-
-
 # NOTIFY channel of a new settlement (payload: the run's id), heard by the web's
 # waiting reads (``GET /api/v1/runs/{id}?wait=``) so they answer at the commit.
 RUN_SETTLED_CHANNEL = "governance_run_settled"
-
-
-def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settlement, bool]:
-    """R6.5: written once; a repeat returns the settlement that stands."""
-    try:
-        with transaction.atomic():
-            events: list = []
-            row, created = settlement_row(run, settlement, now, events)
-            if created:
-                RunEvent.objects.bulk_create(events)
-                Run.objects.filter(id=run.id).update(status=Run.Status.SETTLED, phase="settled")
-    except IntegrityError:
-        return Settlement.objects.get(run=run), False
-    return row, created
 
 
 def settlement_row(

@@ -350,9 +350,10 @@ def _recovery_conditions(run: Run, stage: Stage | None) -> lc.RecoveryConditions
         checkpoint_usable=increment_kept,
         admitted_authorization=auth,
         resume_authorization=auth,  # recorded at admission, never re-judged
-        remaining_balance=budget_view(run)["model_requests"].remaining,
-        # A model request has no external effect; an unknown tool effect forbids resending.
-        original_allows_safe_continuation=not unknown,
+        remaining_balance=budget_view(run)[lc.ORDINARY_RESEARCH_RESOURCE].remaining,
+        # The turn to resume is a model request: no external effect of its own. The
+        # rule judges the unknown tool effects (R6.4: no resend before verification).
+        original_allows_safe_continuation=True,
         unknown_effect_keys=unknown,
     )
 

@@ -18,6 +18,7 @@ from governance import time_source
 from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
 from governance.rules.health import classify_attempt
+from governance.rules.lifecycle import ORDINARY_RESEARCH_RESOURCE
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
@@ -83,7 +84,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         # The claim is in the key: a stage taken over from a dead holder draws
         # again from the same balance (R5.3); the first use is marked unknown.
         admission = ledger.admit(
-            run, "model_requests", 1,
+            run, ORDINARY_RESEARCH_RESOURCE, 1,
             f"stage{stage.id}.{stage.deliveries}:{provider.provider_id}:{kind}:{step}",
             purpose, for_finalization=final, now=now, stage=stage,
         )  # fmt: skip
@@ -95,9 +96,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         )
         if blocked is not None:
             return blocked
-        level = 1 + sum(
-            1 for c in calls if c.provider_id == provider.provider_id and c.kind == kind
-        )
+        level = turns.rerender_level(calls, provider.provider_id, kind)
         parts = turns.attempt_parts(context.history, increment, kind, level)
         request = ProviderRequest(
             model=candidate.model or provider.model,

@@ -10,6 +10,7 @@ from governance import services, time_source
 from governance.models import AuditEntry, Notification, Provider, SegmentRefusal
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
 from governance.rules.refusal import ProviderRefusal, refusal_notice
+from tests import facts as written
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +98,7 @@ def test_r8_4_manager_filters_a_week_sees_discrepancies_and_downloads_the_csv(
     thread = services.create_thread(provider_chain=["primary"], now=now)
     run, _stage, _ = services.submit_run(thread, input="report please", now=now - timedelta(days=2))
     services.commit_chunks(run, ["first part ", "second part"], now - timedelta(days=2))
-    services.settle(
+    written.settle(
         run,
         Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "The model completed its answer."),
         now - timedelta(days=2),

@@ -36,6 +36,7 @@ from governance.models import (
 )
 from governance.rules import lifecycle as lc
 from governance.services.errors import RunSettled
+from tests import facts as written
 
 pytestmark = pytest.mark.django_db
 
@@ -833,12 +834,12 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
     services.commit_chunks(run, ["The answer ", "is 42."], manual_clock())
     services.finish_stage(stage, outcome="answered", now=manual_clock(), clocks=clocks)
     settlement = lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered")
-    services.record_decision(
+    written.record_decision(
         run,
         lc.Decision(lc.Path.SETTLE, "the answer is committed", settlement=settlement),
         manual_clock(),
     )
-    services.settle(run, settlement, manual_clock())
+    written.settle(run, settlement, manual_clock())
 
     body = api.get(f"/api/v1/runs/{run_id}").json()
     assert body["status"] == "settled" and body["phase"] == "settled"
@@ -966,7 +967,7 @@ def test_r7_1_a_second_cancel_is_202_and_records_nothing_new(
 
 def test_r6_5_cancel_of_a_settled_run_is_409_and_the_settlement_stands(api, run_id, manual_clock):
     run = Run.objects.get(id=run_id)
-    services.settle(
+    written.settle(
         run,
         lc.Settlement(lc.Outcome.FAILED, lc.ReasonCode.NO_ELIGIBLE_PROVIDER, "all frozen"),
         manual_clock(),
@@ -984,7 +985,7 @@ def test_r6_5_the_stop_service_itself_refuses_a_settled_run(api, run_id, manual_
     """The 409 is the service's answer (rules.connection), not a view's own check:
     a stop that reaches the service after the run settled changes nothing."""
     run = Run.objects.get(id=run_id)
-    services.settle(
+    written.settle(
         run,
         lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered"),
         manual_clock(),

@@ -32,6 +32,7 @@ from dashboard.urls import api_patterns, urlpatterns
 from governance import services, time_source
 from governance.models import ApiToken, Provider, Run, Thread, ToolServer
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from tests import facts as written
 
 pytestmark = pytest.mark.django_db
 
@@ -505,7 +506,7 @@ def test_last_event_id_at_the_largest_stored_id_is_accepted(client, user, run):
     )
     assert str(largest) in assert_json_error(too_big, 400, "Last-Event-ID")
     settlement = Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "done for the test")
-    services.settle(run, settlement, time_source.now())
+    written.settle(run, settlement, time_source.now())
     response = client.get(
         f"/api/v1/runs/{run.id}/events", headers={**AUTH, "Last-Event-ID": "00" + str(largest)}
     )

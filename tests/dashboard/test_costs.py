@@ -18,6 +18,7 @@ from governance import services, time_source
 from governance.models import ApiToken, Provider, ProviderAttempt, Settlement
 from governance.services.errors import ServiceError
 from governance.services.providers import create_provider, update_provider
+from tests import facts as written
 from tests.conftest import streamed_body
 
 pytestmark = pytest.mark.django_db
@@ -140,7 +141,7 @@ def _settle(run, at):
     from governance.rules import lifecycle as lc
 
     settlement = lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered")
-    services.settle(run, settlement, at)
+    written.settle(run, settlement, at)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from governance.models import (
     ToolReceipt,
 )
 from governance.rules import lifecycle as lc
+from tests import facts as written
 
 pytestmark = pytest.mark.django_db
 
@@ -98,7 +99,7 @@ def make_run(
                 latency_ms=420,
                 result="accepted",
             )
-    services.record_decision(run, lc.Decision(lc.Path.CONTINUE, "the turn produced a body"), at)
+    written.record_decision(run, lc.Decision(lc.Path.CONTINUE, "the turn produced a body"), at)
     if outcome:
         code = {
             "completed": "answered",
@@ -107,10 +108,10 @@ def make_run(
             "cancelled": "cancelled",
         }[outcome]
         settlement = lc.Settlement(outcome, code, f"settled {outcome} for the test")
-        services.record_decision(
+        written.record_decision(
             run, lc.Decision(lc.Path.SETTLE, f"settle: {outcome}", settlement=settlement), at
         )
-        services.settle(run, settlement, at + timedelta(seconds=stages + 1))
+        written.settle(run, settlement, at + timedelta(seconds=stages + 1))
     return run
 
 
@@ -330,7 +331,7 @@ def test_r6_5_header_shows_status_settlement_and_input(client, oncall, thread):
     settlement = lc.Settlement(
         "partial", "body_save_partial", "the second chunk was not saved", ("hook:key-1",)
     )
-    services.settle(run, settlement, T0 + timedelta(seconds=5))
+    written.settle(run, settlement, T0 + timedelta(seconds=5))
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
     assert '<span class="state settled">settled</span>' in body
@@ -344,14 +345,14 @@ def test_r6_5_header_shows_status_settlement_and_input(client, oncall, thread):
 
 def test_r6_3_lifecycle_path_shows_every_decision_with_its_reason_in_order(client, oncall, thread):
     run, _stage, _ = services.submit_run(thread, input="hi", now=T0)
-    services.record_decision(
+    written.record_decision(
         run, lc.Decision(lc.Path.BOUNDED_RECOVERY, "transient 503; balance holds"), T0
     )
-    services.record_decision(
+    written.record_decision(
         run, lc.Decision(lc.Path.FINALIZATION_ONLY, "model requests used up; reserve holds"), T0
     )
     settlement = lc.Settlement("failed", "no_eligible_provider", "every provider frozen")
-    services.record_decision(
+    written.record_decision(
         run,
         lc.Decision(
             lc.Path.SETTLE,
@@ -467,7 +468,7 @@ def test_r6_1_waterfall_falls_back_to_stage_times_without_spans(client, oncall, 
     stage.refresh_from_db()
     stage.run = run
     services.finish_stage(stage, outcome="answered", now=T0 + timedelta(seconds=15))
-    services.settle(run, lc.Settlement("completed", "answered", "done"), T0 + timedelta(seconds=20))
+    written.settle(run, lc.Settlement("completed", "answered", "done"), T0 + timedelta(seconds=20))
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
     assert "No spans in the span store for this run</strong> — drawn from the stages" in body
@@ -658,7 +659,7 @@ def test_r6_1_an_unsettled_run_past_its_deadline_says_so(client, oncall, thread)
     run, _stage, _ = services.submit_run(thread, input="hi", now=T0, deadline_s=60)
     client.force_login(oncall)
     assert "deadline passed, not settled" in body_of(client.get(run_url(run)))
-    services.settle(run, lc.Settlement("failed", "deadline_exceeded", "out of time"), T0)
+    written.settle(run, lc.Settlement("failed", "deadline_exceeded", "out of time"), T0)
     assert "deadline passed" not in body_of(client.get(run_url(run)))
 
 

@@ -19,9 +19,10 @@ import pytest
 from django.db import connection, transaction
 
 from dashboard import run_waits
-from governance import services, time_source
+from governance import time_source
 from governance.models import Run
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from tests import facts as written
 from tests.dashboard.conftest import CLIENT_AUTH
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +30,7 @@ AUTH = CLIENT_AUTH
 
 
 def settle(run) -> None:
-    services.settle(
+    written.settle(
         run, Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "done for the test"),
         time_source.now(),
     )  # fmt: skip

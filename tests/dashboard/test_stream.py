@@ -13,6 +13,7 @@ from dashboard import stream_views
 from governance import services, time_source
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Stage
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from tests import facts as written
 from tests.dashboard.conftest import CLIENT_AUTH
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +27,7 @@ def fast_stream(monkeypatch):
 
 
 def settle(run, outcome=Outcome.COMPLETED, code=ReasonCode.ANSWERED):
-    services.settle(run, Settlement(outcome, code, "done for the test"), time_source.now())
+    written.settle(run, Settlement(outcome, code, "done for the test"), time_source.now())
 
 
 def parse(raw: bytes) -> list[tuple[int, dict]]:

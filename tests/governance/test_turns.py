@@ -58,6 +58,7 @@ from governance.rules.turns import (
     request_digest,
     request_messages,
     rerender,
+    rerender_level,
     sent_increment,
     stage_must_stop,
     turn_increment,
@@ -153,7 +154,7 @@ class Shell:
         if blocked is not None:
             return blocked
         pid = candidate.provider_id
-        level = 1 + sum(1 for c in self.calls if c.provider_id == pid and c.kind == kind)
+        level = rerender_level(self.calls, pid, kind)
         parts = attempt_parts(self.history, self.increment, kind, level)
         self.log.append((pid, kind, level))
         reply = self.replies[pid]
@@ -1099,3 +1100,15 @@ def test_r6_1_r6_3_a_stage_starts_nothing_after_a_cancel_or_at_the_deadline(
     cancel_requested, now, stops
 ):
     assert stage_must_stop(cancel_requested=cancel_requested, now=now, deadline_at=T0) is stops
+
+
+def test_r3_1_rerender_level_counts_earlier_attempts_of_that_kind_at_that_provider():
+    def call(pid: str, kind: str) -> TurnCall:
+        return TurnCall(pid, "m", kind, (), T0, OK)
+
+    calls = [call("a", "re_render"), call("a", "original"), call("b", "re_render")]
+    calls.append(call("a", "re_render"))
+    assert rerender_level([], "a", "re_render") == 1
+    assert rerender_level(calls, "a", "re_render") == 3
+    assert rerender_level(calls, "b", "re_render") == 2
+    assert rerender_level(calls, "a", "history_only") == 1

@@ -26,6 +26,7 @@ from governance.rules import lifecycle as lc
 from governance.services import callbacks as cb
 from tasks import callbacks as delivery
 from tasks.callbacks import resend_due_callbacks
+from tests import facts as written
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,7 +135,7 @@ def settled_run(
         "partial": lc.ReasonCode.BODY_SAVE_PARTIAL,
         "failed": lc.ReasonCode.NO_ANSWER_PRODUCED,
     }[outcome]
-    row, created = services.settle(run, lc.Settlement(lc.Outcome(outcome), code, "test"), now)
+    row, created = written.settle(run, lc.Settlement(lc.Outcome(outcome), code, "test"), now)
     assert created
     callback = cb.create_for_settlement(run, row, now)
     assert callback is not None
@@ -268,7 +269,7 @@ def test_r7_3_no_callback_url_means_no_callback_row(manual_clock):
     Provider.objects.create(provider_id="p", kind="scripted", model="m")
     thread = services.create_thread(provider_chain=["p"], now=now)
     run, _s, _ = services.submit_run(thread, input="hi", now=now)
-    row, _ = services.settle(
+    row, _ = written.settle(
         run, lc.Settlement(lc.Outcome.FAILED, lc.ReasonCode.NO_ANSWER_PRODUCED, "x"), now
     )
     assert cb.create_for_settlement(run, row, now) is None
