@@ -81,13 +81,16 @@ def route_turn(
     refusals: Mapping[str, ProviderRefusal],
     delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
     turn_memory: TurnRefusalMemory | None = None,
-    request_digest: str | None = None,
+    request_digests: Mapping[str, Sequence[str]] | None = None,
 ) -> TurnRoute:
     """The providers to try this turn, in chain order, and the skipped ones.
 
     Refusal state is checked first: a frozen or cooling provider is skipped
     whatever its health, and a healthy breaker never makes refused bytes
-    acceptable. A provider without a health verdict is taken as available.
+    acceptable. Then R2.3's turn memory: a provider that refused one of this
+    turn's requests (``request_digests``: provider → the digests of the forms
+    this turn would send it) within ``REFUSAL_SCOPE_TTL`` is not sent the same
+    turn again. A provider without a health verdict is taken as available.
     """
     if not chain:
         raise RoutingError("the provider chain is empty")
@@ -115,10 +118,9 @@ def route_turn(
                 )
             )
             continue
-        if (
-            turn_memory is not None
-            and request_digest is not None
-            and turn_recently_refused(turn_memory, entry.provider_id, request_digest, now)
+        if turn_memory and any(
+            turn_recently_refused(turn_memory, entry.provider_id, digest, now)
+            for digest in (request_digests or {}).get(entry.provider_id, ())
         ):
             skipped.append(
                 Skip(

@@ -120,6 +120,20 @@ def attempt_parts(
     return parts
 
 
+def turn_request_digests(
+    history: Sequence[Message], increment: Sequence[Message], provider_ids: Sequence[str]
+) -> dict[str, tuple[str, ...]]:
+    """R2.3: for each provider, the digests of this turn's request in the forms the
+    turn memory keeps — as is (a refused re-probe) and with the increment withheld
+    (a refused history-only request)."""
+    as_is = attempt_parts(history, increment, "original")
+    history_only = attempt_parts(history, increment, "history_only")
+    return {
+        pid: tuple(dict.fromkeys(request_digest(p, pid) for p in (as_is, history_only)))
+        for pid in provider_ids
+    }
+
+
 def rerender_level(calls: Sequence[TurnCall], provider_id: str, kind: str) -> int:
     """R3.1: the level an attempt renders at — one more than the turn's earlier
     attempts of the same kind at the same provider (each re-render goes further;

@@ -68,7 +68,12 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         refusals=context.refusals,
         delays=context.delays,
         turn_memory=context.memory,
-        request_digest=None,
+        # Hashing the request costs; with nothing remembered there is nothing to match.
+        request_digests=turns.turn_request_digests(
+            context.history, increment, [entry.provider_id for entry in chain]
+        )
+        if context.memory
+        else None,
     )
     offered = turns.offered_tools(segment.tool_surface, final=final)
     tools, tool_names = offered_specs(offered)  # built-ins and registry tools (issue 11)

@@ -127,12 +127,19 @@ def test_r2_2_open_breaker_skips_with_retry_time():
 def test_r2_3_turn_level_memory_skips_the_same_request_for_its_ttl():
     memory = remember_turn_refusal(TurnRefusalMemory(), "a", "digest-1", T0)
     kwargs = dict(health={}, refusals={}, turn_memory=memory)
-    same = route_turn(CHAIN, now=T0 + timedelta(hours=5), request_digest="digest-1", **kwargs)
-    assert [s.reason for s in same.skipped] == ["turn_refused"]
-    other = route_turn(CHAIN, now=T0 + timedelta(hours=5), request_digest="digest-2", **kwargs)
-    assert other.skipped == ()
-    expired = route_turn(CHAIN, now=T0 + timedelta(hours=6), request_digest="digest-1", **kwargs)
+    this_turn = {"a": ("digest-0", "digest-1"), "b": ("digest-3",)}
+    same = route_turn(CHAIN, now=T0 + timedelta(hours=5), request_digests=this_turn, **kwargs)
+    assert [(s.provider_id, s.reason) for s in same.skipped] == [("a", "turn_refused")]
+    assert [c.provider_id for c in same.candidates] == ["b"]
+    # The digest is per provider: b's refusal of "digest-1" would be b's own memory.
+    other = {"a": ("digest-2",), "b": ("digest-1",)}
+    assert (
+        route_turn(CHAIN, now=T0 + timedelta(hours=5), request_digests=other, **kwargs).skipped
+        == ()
+    )
+    expired = route_turn(CHAIN, now=T0 + timedelta(hours=6), request_digests=this_turn, **kwargs)
     assert expired.skipped == ()
+    assert route_turn(CHAIN, now=T0, **kwargs).skipped == ()  # no digests given: nothing to match
 
 
 def test_r3_2_route_rejects_an_empty_or_duplicated_chain():

@@ -62,6 +62,7 @@ from governance.rules.turns import (
     sent_increment,
     stage_must_stop,
     turn_increment,
+    turn_request_digests,
     withheld,
 )
 
@@ -1112,3 +1113,18 @@ def test_r3_1_rerender_level_counts_earlier_attempts_of_that_kind_at_that_provid
     assert rerender_level(calls, "a", "re_render") == 3
     assert rerender_level(calls, "b", "re_render") == 2
     assert rerender_level(calls, "a", "history_only") == 1
+
+
+def test_r2_3_turn_request_digests_match_what_the_memory_keeps():
+    """The route asks the memory with the digests of the forms a turn is refused in:
+    a refused history-only request and a refused re-probe (the request as is)."""
+    conclusion, _, _ = run_turn({"a": refused(), "b": answer()})
+    digests = turn_request_digests(HISTORY, [TOOL_RESULT], ["a", "b"])
+    assert conclusion.turn_refusals[0][1] in digests["a"]
+    due = T0 + timedelta(minutes=15)
+    probed, _, _ = run_turn({"a": refused(), "b": answer()},
+                                refusals={"a": state(1)}, now=due)  # fmt: skip
+    assert probed.turn_refusals[0][1] in digests["a"]
+    assert set(digests["a"]).isdisjoint(digests["b"])  # a provider's memory is its own
+    other_turn = turn_request_digests(HISTORY, [{"role": "user", "content": "else"}], ["a"])
+    assert set(other_turn["a"]).isdisjoint(digests["a"])

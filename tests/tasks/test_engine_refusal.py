@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from governance.models import Notification, Provider, ProviderAttempt, SegmentRefusal
+from governance.models import Notification, Provider, ProviderAttempt, RunEvent, SegmentRefusal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,3 +179,39 @@ def test_r3_9_acceptance_scenario_end_to_end(api, worker, manual_clock, refuser,
     assert run["segment"] == boundary["key"]
     assert requests_at_refuser() - baseline == 4 + 3 + 1
     assert run["settlement"]["outcome"] == "completed"
+
+
+def test_r2_3_the_same_turn_is_not_sent_again_to_a_provider_that_refused_it(
+    api, worker, manual_clock, scripted_provider
+):
+    """R2.3 on the real turn path: a re-probe refused 1 h ago is not sent the same
+    turn again when the next re-probe falls due; a different turn is re-probed."""
+    provider = scripted_provider(
+        "refuser",
+        {
+            "rules": [{"when": {"contains": "TOXIC"}, "refuse": {"category": "policy"}}],
+            "default": {"answer": {"text": "fine"}},
+        },
+    )
+    thread = api.post(
+        "/api/v1/threads", {"provider_chain": ["refuser"], "title": "R2.3"}, expect=201
+    ).json()
+
+    def sent() -> int:
+        return ProviderAttempt.objects.filter(provider=provider).count()
+
+    first = api.run_and_wait(thread["id"], "A TOXIC question.")
+    assert first["settlement"]["outcome"] == "failed" and sent() == 1
+    manual_clock.advance(minutes=15)
+    probe = api.run_and_wait(thread["id"], "A TOXIC question.")  # the re-probe: refused
+    assert [a["kind"] for a in probe["attempts"]] == ["re_probe"] and sent() == 2
+    manual_clock.advance(hours=1)  # the next re-probe is due (R3.2) …
+    same = api.run_and_wait(thread["id"], "A TOXIC question.")
+    assert same["attempts"] == [] and sent() == 2  # … but not with the bytes just refused
+    assert same["settlement"]["outcome"] == "failed"
+    card = RunEvent.objects.get(run_id=same["id"], kind="llm-fallback").metadata
+    assert [(h["provider_id"], h["state"]) for h in card["health"]] == [("refuser", "turn_refused")]
+    refusal = SegmentRefusal.objects.get(provider_id="refuser")
+    assert refusal.refusals == 2  # a skipped turn moves no clock (R3.3)
+    other = api.run_and_wait(thread["id"], "A different TOXIC question.")
+    assert [a["kind"] for a in other["attempts"]] == ["re_probe"] and sent() == 3
