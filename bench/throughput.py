@@ -739,17 +739,22 @@ def warm_up(client: Client) -> None:
 
 def lone_phase(client: Client, count: int, *, poll: bool = False) -> dict:
     threads = [client.create_thread() for _ in range(count)]
-    run_ids, settle_ms, submit_ms, polls = [], [], [], []
+    run_ids, settle_ms, submit_ms, polls, walls = [], [], [], [], []
     for thread_id in threads:
+        wall = time.time()  # the server's timestamps are on this machine's wall clock
         run_id, start, latency = client.submit(thread_id)
         _body, n = client.wait_settled(run_id, poll=poll)
         settle_ms.append((time.perf_counter() - start) * 1000)
+        walls.append((wall, wall + latency / 1000, wall + settle_ms[-1] / 1000))
         submit_ms.append(latency)
         polls.append(n)
         run_ids.append(run_id)
     how = f"polling every {LONE_POLL_S * 1000:g} ms" if poll else f"?wait={LONE_WAIT_S}"
     log(f"lone ({how}): {count} runs settled, p50 {pct(settle_ms, 50):.1f} ms")
-    return {"run_ids": run_ids, "settle_ms": settle_ms, "submit_ms": submit_ms, "polls": polls}
+    return {
+        "run_ids": run_ids, "settle_ms": settle_ms, "submit_ms": submit_ms, "polls": polls,
+        "walls": walls,
+    }  # fmt: skip
 
 
 def throughput_phase(
@@ -887,6 +892,41 @@ def describe_stuck(system: System, threads: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- facts (SQL)
+
+
+TIMELINE_STEPS = (
+    "submit→Run.created_at",
+    "created→stage enqueued",
+    "enqueued→started",
+    "started→finished",
+    "finished→settled",
+    "settled→answer in hand",
+)
+
+
+def lone_timeline(system: System, run_ids: list[str], walls: list[tuple]) -> dict[str, float]:
+    """p50 of each hop of a lone run, from the client's wall clock and the rows'
+    timestamps (one machine, one clock): where the client's wait goes."""
+    with system.conn() as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT r.id::text, extract(epoch FROM r.created_at), "
+            "extract(epoch FROM st.enqueued_at), extract(epoch FROM st.started_at), "
+            "extract(epoch FROM st.finished_at), extract(epoch FROM s.settled_at) "
+            "FROM governance_run r JOIN governance_settlement s ON s.run_id = r.id "
+            "JOIN governance_stage st ON st.run_id = r.id AND st.seq = 1 "
+            "WHERE r.id = ANY(%s::uuid[])",
+            (run_ids,),
+        )
+        rows = {row[0]: [float(v) for v in row[1:]] for row in cur.fetchall()}
+        conn.rollback()
+    hops: dict[str, list[float]] = defaultdict(list)
+    for run_id, (sent, _answered, held) in zip(run_ids, walls, strict=True):
+        if run_id not in rows:
+            continue
+        points = [sent, *rows[run_id], held]
+        for name, a, b in zip(TIMELINE_STEPS, points, points[1:], strict=False):
+            hops[name].append((b - a) * 1000)
+    return {name: pct(values, 50) for name, values in hops.items()}
 
 
 def run_facts(system: System, run_ids: list[str]) -> dict:
@@ -1176,6 +1216,10 @@ def print_report(n: int, lone_n: int, f: dict, load: dict, lone_facts, load_fact
         f"created→settled minus provider latency p50 {fmt_ms(f['lone_run_overhead_p50_ms'])}"
     )
     print(
+        "  lone run hop by hop, p50 (client wall clock and row timestamps): "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in lone_facts["timeline"].items())
+    )
+    print(
         f"  lone turn: stage started→finished p50 {fmt_ms(f['lone_turn_execution_p50_ms'])}, "
         f"provider latency_ms p50 {fmt_ms(f['lone_provider_p50_ms'])}, "
         f"stage queue (enqueued→started) p50 {fmt_ms(f['lone_queue_p50_ms'])}; "
@@ -1313,6 +1357,7 @@ def main(argv: list[str]) -> int:
         load = throughput_phase(system, client, args.runs, args.profile, args.threads)
         system.watcher.phase = "after"
         lone_facts = run_facts(system, lone["run_ids"])
+        lone_facts["timeline"] = lone_timeline(system, lone["run_ids"], lone["walls"])
         load_facts = run_facts(system, load["run_ids"])
         load["connection_peaks"] = dict(system.watcher.peaks)
         load["connection_limit"] = system.connection_limit

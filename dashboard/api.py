@@ -60,8 +60,8 @@ from governance.services import providers as provider_services
 from governance.services import statements as sql
 from governance.services.admission import Overloaded
 from governance.services.broker import publish
+from governance.services.budget import run_budget_view_later
 from governance.services.errors import RunSettled
-from governance.services.stream import run_is_settled
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
 
@@ -316,13 +316,18 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
     """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run), read
     with plain statements: a client polls it to see its run settle."""
     key = _db_value(Run, run_id)
-    found = RUN.rows(key)
+    # Six reads, one round trip (on PostgreSQL): a waiting client's answer is
+    # on the path from the settlement to the client.
+    with sql.together():
+        reads = [
+            read.later(key) for read in (RUN, RUN_STAGES, RUN_ATTEMPTS, RUN_RECEIPTS, RUN_CHUNKS)
+        ]
+        budget_read = run_budget_view_later(run_id)
+        found, stages, attempts, receipts, chunks = (read.value() for read in reads)
+        budget = budget_read.value()
     if not found:
         return None
     run = found[0]
-    stages, attempts = RUN_STAGES.rows(key), RUN_ATTEMPTS.rows(key)
-    receipts, chunks = RUN_RECEIPTS.rows(key), RUN_CHUNKS.rows(key)
-    budget = services.run_budget_view(run_id)
     attempt_costs = [
         attempt_cost(
             attempt.usage,
@@ -527,24 +532,29 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         if answer is None:
             raise ApiError(404, None, "no such run")
         return JsonResponse(answer)
-    is_settled = partial(run_is_settled, key)
 
-    def final_answer() -> bytes:
-        answer = run_json(key)
-        if answer is None:  # deleted while the answer waited (its 200 is sent)
-            answer = {"error": {"field": None, "message": "no such run (deleted)"}}
-        return JsonResponse(answer).content
+    def answer(*, settled_only: bool) -> bytes | None:
+        """The run's answer; with ``settled_only``, None while it is not settled
+        (one read tells and answers: no second read once the settlement is heard)."""
+        found = run_json(key)
+        if found is None:  # deleted while the answer waited (its 200 is sent)
+            found = {"error": {"field": None, "message": "no such run (deleted)"}}
+        elif settled_only and found["settlement"] is None:
+            return None
+        return JsonResponse(found).content
 
-    settled = is_settled()
-    if settled is None:
+    now_found = run_json(key)
+    if now_found is None:
         raise ApiError(404, None, "no such run")
-    if settled:
-        return HttpResponse(final_answer(), content_type="application/json")
+    if now_found["settlement"] is not None:
+        return JsonResponse(now_found)
     # Not settled: the answer waits for the settlement (dashboard/run_waits.py).
+    settled_answer = partial(answer, settled_only=True)
+    final_answer = partial(answer, settled_only=False)
     body = (
-        run_waits.answer_when_settled(str(key), wait_s, is_settled, final_answer)
+        run_waits.answer_when_settled(str(key), wait_s, settled_answer, final_answer)
         if isinstance(request, ASGIRequest)
-        else run_waits.answer_when_settled_sync(wait_s, is_settled, final_answer)
+        else run_waits.answer_when_settled_sync(wait_s, settled_answer, final_answer)
     )
     response = StreamingHttpResponse(body, content_type="application/json")
     response["Cache-Control"] = "no-store"

@@ -123,16 +123,20 @@ def _listener() -> _Listener:
 
 
 async def answer_when_settled(
-    run_id: str, wait_s: float, is_settled: Callable[[], bool | None], answer: Callable[[], bytes]
+    run_id: str,
+    wait_s: float,
+    settled_answer: Callable[[], bytes | None],
+    answer: Callable[[], bytes],
 ) -> AsyncIterator[bytes]:
-    """The body of a waiting request: ``answer()`` once ``is_settled()`` is not
-    False (None: the run is gone) or after ``wait_s``. Both read the database;
-    they run off the event loop."""
+    """The body of a waiting request: ``settled_answer()`` once it is not None (the
+    run settled, or is gone), else ``answer()`` after ``wait_s``. Both read the
+    database; they run off the event loop. One read both tells and answers, so a
+    heard settlement costs one trip off the loop."""
     deadline = time.monotonic() + wait_s
     listener = _listener()
     with listener.watch(run_id) as heard:
         # Watching before this first read: a settlement committed after it is heard.
-        while await off_loop(is_settled)() is False:
+        while (body := await off_loop(settled_answer)()) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -140,15 +144,15 @@ async def answer_when_settled(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(heard.wait(), min(left, pause))
             heard.clear()
-    yield await off_loop(answer)()
+    yield body if body is not None else await off_loop(answer)()
 
 
 def answer_when_settled_sync(
-    wait_s: float, is_settled: Callable[[], bool | None], answer: Callable[[], bytes]
+    wait_s: float, settled_answer: Callable[[], bytes | None], answer: Callable[[], bytes]
 ) -> Iterator[bytes]:
     """The same under a WSGI server: the request's own thread polls."""
     deadline = time.monotonic() + wait_s
-    while is_settled() is False and time.monotonic() < deadline:
+    while (body := settled_answer()) is None and time.monotonic() < deadline:
         close_old_connections()
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-    yield answer()
+    yield body if body is not None else answer()

@@ -59,8 +59,12 @@ def _run_ledger(run_id: Any, *, locked: bool) -> tuple[int, budget_rules.Ledger]
     admission lock), read in one statement; None without an account."""
     text, account, entry = _run_ledger_sql(locked)
     rows = sql.fetch(text, [sql.value(BudgetAccount, "run", run_id)])
-    if not rows:
-        return None
+    return _ledger_from_rows(rows, account, entry) if rows else None
+
+
+def _ledger_from_rows(
+    rows: list, account: sql.Columns, entry: sql.Columns
+) -> tuple[int, budget_rules.Ledger]:
     account_id, limits = account.values(rows[0])
     entries = [entry.values(row, account.width) for row in rows if row[account.width] is not None]
     return account_id, _ledger_of(limits, entries)
@@ -120,8 +124,18 @@ def budget_view(run: Run) -> dict[str, budget_rules.Balance]:
 def run_budget_view(run_id: Any) -> dict[str, budget_rules.Balance] | None:
     """:func:`budget_view` of a run known by its id: the account and its
     entries in one read; None for a run without an account."""
-    found = _run_ledger(run_id, locked=False)
-    return None if found is None else _balances(found[1])
+    return run_budget_view_later(run_id).value()
+
+
+def run_budget_view_later(run_id: Any) -> sql.Later[dict[str, budget_rules.Balance] | None]:
+    """:func:`run_budget_view`, its read sent now (inside ``statements.together``:
+    with the reads around it) and its answer built when asked for."""
+    text, account, entry = _run_ledger_sql(False)
+
+    def build(rows: list) -> dict[str, budget_rules.Balance] | None:
+        return None if not rows else _balances(_ledger_from_rows(rows, account, entry)[1])
+
+    return sql.Later(text, [sql.value(BudgetAccount, "run", run_id)], build)
 
 
 def _balances(ledger: budget_rules.Ledger) -> dict[str, budget_rules.Balance]:

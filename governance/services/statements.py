@@ -205,11 +205,19 @@ class Read:
         self._converting = None  # on first use: the backend is known by then
 
     def rows(self, *params: Any) -> list[Any]:
+        return self.later(*params).value()
+
+    def later(self, *params: Any) -> Later[list[Any]]:
+        """The read sent now, its rows built when asked for (inside
+        :func:`together`: several reads in one round trip)."""
         if self._converting is None:
             self._converting = _converting(self.columns)
-        return [
-            self.row._make(_convert(list(row), self._converting)) for row in fetch(self.sql, params)
-        ]
+        converting = self._converting
+        return Later(
+            self.sql,
+            params,
+            lambda rows: [self.row._make(_convert(list(row), converting)) for row in rows],
+        )
 
 
 @cache
