@@ -32,7 +32,12 @@ from django.urls import NoReverseMatch, reverse
 from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
 from governance.rules.health import parse_retry_after
-from governance.rules.redelivery import Verdict, attempt_verdict, smtp_reply_verdict
+from governance.rules.redelivery import (
+    Verdict,
+    attempt_verdict,
+    smtp_recipients_verdict,
+    smtp_reply_verdict,
+)
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
 from tasks import outbound
@@ -238,7 +243,7 @@ def _post(url: str, body: dict[str, Any], delivery: NotificationDelivery) -> Del
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise BadConfig(f"target {url!r}: {exc}") from None
     except httpx.TransportError as exc:
-        return DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
+        return DeliveryResult(attempt_verdict(None), None, f"{type(exc).__name__}: {exc}")
     return classify_response(response)
 
 
@@ -256,13 +261,14 @@ def _send_email(delivery: NotificationDelivery) -> DeliveryResult:
     body = f"{headline(delivery)}\n\n{n.text}\n\nDedupe key: {n.dedupe_key}\n{dashboard_link(n)}\n"
     try:
         send_mail(subject, body, None, recipients, fail_silently=False)
-    except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:
-        return DeliveryResult(DeliveryResult.PERMANENT, None, f"{type(exc).__name__}: {exc}")
-    except smtplib.SMTPAuthenticationError as exc:
-        return DeliveryResult(DeliveryResult.PERMANENT, exc.smtp_code, f"SMTP auth: {exc}")
-    except smtplib.SMTPResponseException as exc:
+    except smtplib.SMTPRecipientsRefused as exc:
+        kind = smtp_recipients_verdict(code for code, _message in exc.recipients.values())
+        return DeliveryResult(kind, None, f"{type(exc).__name__}: {exc}")
+    except smtplib.SMTPResponseException as exc:  # sender refused, auth failed, any reply
         kind = smtp_reply_verdict(exc.smtp_code)
-        return DeliveryResult(kind, exc.smtp_code, f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")
-    except (smtplib.SMTPException, OSError) as exc:
-        return DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
+        return DeliveryResult(
+            kind, exc.smtp_code, f"{type(exc).__name__} {exc.smtp_code}: {exc.smtp_error!r}"
+        )
+    except (smtplib.SMTPException, OSError) as exc:  # no reply to read: as no HTTP answer
+        return DeliveryResult(attempt_verdict(None), None, f"{type(exc).__name__}: {exc}")
     return DeliveryResult(DeliveryResult.DELIVERED, None)

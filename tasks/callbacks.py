@@ -26,6 +26,7 @@ from django.conf import settings
 
 from governance import time_source
 from governance.rules.health import parse_retry_after
+from governance.rules.redelivery import Verdict, attempt_verdict
 from governance.services import callbacks as callbacks
 from governance.services.outbound import Resolver
 from tasks import outbound
@@ -63,7 +64,7 @@ def post(
     except httpx.HTTPError as exc:
         return callbacks.Result(error=f"network: {exc!r}", request_sent=True)
     retry_after = None
-    if response.status_code == 429 or response.status_code >= 500:
+    if attempt_verdict(response.status_code) is Verdict.RETRY:
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time_source.now())
     error = "" if response.is_success else f"HTTP {response.status_code}: {response.text[:500]}"
     return callbacks.Result(

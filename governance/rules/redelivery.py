@@ -21,6 +21,7 @@ policy read from settings.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -52,6 +53,13 @@ def smtp_reply_verdict(code: int) -> Verdict:
     return Verdict.FAILED if code >= 500 else Verdict.RETRY
 
 
+def smtp_recipients_verdict(codes: Iterable[int]) -> Verdict:
+    """Every recipient refused, each with its reply code: permanent once any code
+    is 5yz (that address will not work), else transient."""
+    verdicts = {smtp_reply_verdict(code) for code in codes}
+    return Verdict.FAILED if Verdict.FAILED in verdicts or not verdicts else Verdict.RETRY
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How a sender backs off: ``base_s·2^(n−1)`` capped at ``cap_s``; a Retry-After
@@ -75,6 +83,12 @@ def retry_delay_s(attempt: int, retry_after_s: float | None, policy: RetryPolicy
     if retry_after_s is None:
         return backoff
     return max(backoff, min(max(retry_after_s, 0.0), policy.retry_after_cap_s))
+
+
+def may_attempt(attempts_made: int, policy: RetryPolicy) -> bool:
+    """Whether another attempt may go: one whose worker died before recording an
+    answer still counts, so a sender never makes more than ``max_attempts``."""
+    return attempts_made < policy.max_attempts
 
 
 @dataclass(frozen=True)

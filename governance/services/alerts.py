@@ -36,7 +36,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
-from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt
+from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt, may_attempt
 from governance.services.audit import audit
 from governance.services.broker import send_by_name
 from governance.services.outbound import Resolver, check_outbound_url
@@ -255,12 +255,23 @@ def claim_delivery(delivery_id: int, now: datetime) -> NotificationDelivery | No
     channel disabled). The returned row is already ``sending``: the attempt
     is written before the effect."""
     with transaction.atomic():
-        channel_id = (
+        found = (
             NotificationDelivery.objects.filter(id=delivery_id)
-            .values_list("channel_id", flat=True)
+            .values_list("channel_id", "attempts")
             .first()
         )
-        if channel_id is None:
+        if found is None:
+            return None
+        channel_id, attempts = found
+        if not may_attempt(attempts, retry_policy()):
+            # The last attempt's worker died before it recorded an answer.
+            NotificationDelivery.objects.filter(
+                id=delivery_id, state=State.SENDING, claimed_at__lt=now - _claim_lease()
+            ).update(
+                state=State.FAILED,
+                claimed_at=None,
+                last_error=f"gave up after {attempts} attempts (the last one never answered)",
+            )
             return None
         # One claim per channel at a time, so the budget count cannot be
         # passed by two workers at once. NO KEY UPDATE: inserting new rows

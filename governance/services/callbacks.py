@@ -43,7 +43,13 @@ from governance.rules.publication import (
     delivery_evidence,
     settlement_from_facts,
 )
-from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt, attempt_verdict
+from governance.rules.redelivery import (
+    RetryPolicy,
+    Verdict,
+    after_attempt,
+    attempt_verdict,
+    may_attempt,
+)
 from governance.services.broker import send_by_name
 from governance.services.deliveries import run_publication
 
@@ -196,7 +202,7 @@ def claim_attempt(callback_id: int, now: datetime) -> Claim | None:
     row = RunCallback.objects.filter(id=callback_id).first()
     if row is None or row.state in (RunCallback.State.DELIVERED, RunCallback.State.FAILED):
         return None
-    if row.attempts >= settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS:
+    if not may_attempt(row.attempts, retry_policy()):
         RunCallback.objects.filter(id=row.id, attempts=row.attempts, state=row.state).update(
             state=RunCallback.State.FAILED,
             last_error=(row.last_error + "; " if row.last_error else "")

@@ -9,7 +9,9 @@ from governance.rules.redelivery import (
     Verdict,
     after_attempt,
     attempt_verdict,
+    may_attempt,
     retry_delay_s,
+    smtp_recipients_verdict,
     smtp_reply_verdict,
 )
 
@@ -86,3 +88,14 @@ def test_r7_3_r8_2_after_attempt_delivered_and_failed_are_final_and_not_a_give_u
 def test_r7_3_r8_2_a_policy_that_cannot_work_is_refused(fields):
     with pytest.raises(ValueError):
         RetryPolicy(**fields)
+
+
+def test_r8_2_smtp_all_recipients_refused_is_permanent_once_one_code_is_5yz():
+    assert smtp_recipients_verdict([450, 451]) is Verdict.RETRY
+    assert smtp_recipients_verdict([450, 550]) is Verdict.FAILED
+    assert smtp_recipients_verdict([]) is Verdict.FAILED  # refused with nothing to read
+
+
+def test_r7_3_r8_2_an_attempt_may_go_while_attempts_are_left():
+    assert may_attempt(0, POLICY) and may_attempt(3, POLICY)
+    assert not may_attempt(4, POLICY) and not may_attempt(5, POLICY)

@@ -10,6 +10,7 @@ PagerDuty hears trigger → acknowledge → resolve under one dedup_key.
 from __future__ import annotations
 
 import json
+import socketserver
 import threading
 import time
 from collections import defaultdict
@@ -560,6 +561,121 @@ def test_r8_2_bad_email_address_disables_the_channel(clock_at_start):
     mailbox.refresh_from_db()
     assert not mailbox.enabled and "not-an-address" in mailbox.disabled_reason
     assert mail.outbox == []
+
+
+@pytest.mark.django_db
+def test_r8_2_a_worker_lost_on_the_last_attempt_makes_no_attempt_beyond_the_limit(
+    receiver, clock_at_start, settings
+):
+    """rules.redelivery.may_attempt, as for callbacks: the last attempt's worker died
+    (its row stays ``sending`` past the lease); nothing is sent again."""
+    settings.GOVERNANCE_ALERT_MAX_ATTEMPTS = 2
+    channel("ops-hook", "webhook", receiver.url("/hook"))
+    emit(make_thread(START).segments.get(), "critical", START)
+    (row,) = deliveries()
+    NotificationDelivery.objects.filter(id=row.id).update(
+        state=State.SENDING, attempts=2, claimed_at=START
+    )  # attempt 2 of 2 claimed, then its worker died
+    clock_at_start.advance(timedelta(hours=1))
+    assert services_alerts.claim_delivery(row.id, time_source.now()) is None
+    row.refresh_from_db()
+    assert row.state == State.FAILED and row.attempts == 2
+    assert "gave up after 2 attempts" in row.last_error
+    assert receiver.requests == []
+
+
+class SmtpServer:
+    """A real SMTP server on 127.0.0.1 (RFC 5321's commands, one line each) that
+    answers MAIL FROM and RCPT TO with scripted reply codes and accepts the rest."""
+
+    def __init__(self) -> None:
+        self.mail_from = 250
+        self.rcpt_to = 250
+        self.messages = 0
+        server = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def reply(self, line: str) -> None:
+                self.wfile.write(f"{line}\r\n".encode())
+
+            def handle(self):
+                self.reply("220 loopback ESMTP")
+                in_data = False
+                for raw in self.rfile:
+                    line = raw.decode().rstrip("\r\n")
+                    if in_data:
+                        if line == ".":
+                            in_data = False
+                            server.messages += 1
+                            self.reply("250 queued")
+                        continue
+                    verb = line[:4].upper()
+                    if verb in ("EHLO", "HELO"):
+                        self.reply("250 loopback")
+                    elif verb == "MAIL":
+                        self.reply(f"{server.mail_from} sender {server.mail_from}")
+                    elif verb == "RCPT":
+                        self.reply(f"{server.rcpt_to} recipient {server.rcpt_to}")
+                    elif verb == "DATA":
+                        in_data = True
+                        self.reply("354 go ahead")
+                    elif verb == "QUIT":
+                        self.reply("221 bye")
+                        return
+                    else:
+                        self.reply("250 ok")
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def smtp_server(settings):
+    server = SmtpServer()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.port
+    yield server
+    server.close()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("step", "code", "state", "enabled"),
+    [
+        ("rcpt_to", 450, State.RETRY, True),  # mailbox busy: try again later
+        ("rcpt_to", 550, State.FAILED, False),  # no such mailbox: it will not work
+        ("mail_from", 451, State.RETRY, True),  # local error in processing
+        ("mail_from", 553, State.FAILED, False),  # sender address not allowed
+    ],
+)
+def test_r8_2_smtp_replies_are_read_by_the_redelivery_rule(
+    smtp_server, clock_at_start, step, code, state, enabled
+):
+    """RFC 5321: a 4yz reply is transient (the channel stays, the alert is retried),
+    a 5yz one permanent (the channel is disabled); a real SMTP server answers."""
+    mailbox = channel("oncall-mail", "email", "oncall@example.org")
+    setattr(smtp_server, step, code)
+    emit(make_thread(START).segments.get(), "critical", START)
+    assert alerts.deliver_all_due() == [state]
+    mailbox.refresh_from_db()
+    assert mailbox.enabled is enabled
+    delivery = NotificationDelivery.objects.get()
+    assert str(code) in delivery.last_error
+    assert smtp_server.messages == 0
+
+
+@pytest.mark.django_db
+def test_r8_2_an_smtp_server_that_accepts_delivers(smtp_server, clock_at_start):
+    channel("oncall-mail", "email", "oncall@example.org")
+    emit(make_thread(START).segments.get(), "critical", START)
+    assert alerts.deliver_all_due() == [State.DELIVERED]
+    assert smtp_server.messages == 1
 
 
 @pytest.mark.django_db

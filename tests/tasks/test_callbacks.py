@@ -464,6 +464,21 @@ def test_r7_3_a_lost_worker_is_superseded_and_its_late_answer_ignored(manual_clo
     assert callback.state == RunCallback.State.DELIVERED
 
 
+def test_r7_3_a_worker_lost_on_the_last_attempt_makes_no_attempt_beyond_the_limit(
+    manual_clock, receiver, settings
+):
+    """rules.redelivery.may_attempt, as for alert channels."""
+    settings.GOVERNANCE_CALLBACK_MAX_ATTEMPTS = 1
+    callback = settled_run(receiver.url)
+    assert cb.claim_attempt(callback.id, time_source.now()) is not None  # then it died
+    manual_clock.advance(seconds=301)
+    assert cb.claim_attempt(callback.id, time_source.now()) is None
+    callback.refresh_from_db()
+    assert callback.state == RunCallback.State.FAILED and callback.attempts == 1
+    assert "gave up after 1 attempt" in callback.last_error
+    assert receiver.received == []
+
+
 # --------------------------------------------------------------------------- R7.4
 
 
