@@ -420,7 +420,7 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
             }
             for chunk in chunks
         ],
-        "body": "".join(chunk.text for chunk in chunks if chunk.committed_at),
+        "body": "".join(chunk.text for chunk in chunks if chunk.version is not None),
         "settlement": (
             {
                 "outcome": run.settlement_outcome,

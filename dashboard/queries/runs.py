@@ -31,7 +31,9 @@ from governance.models import (
     ToolReceipt,
 )
 from governance.rules import lifecycle as lc
+from governance.rules.publication import DeliveryEvidence, PublicationError, delivery_evidence
 from governance.rules.run_clocks import deadline_reached
+from governance.services.deliveries import publication_of
 from tasks.instrumentation import (
     CLOCK_ATTRIBUTES,
     CLOCK_UNKNOWN,
@@ -349,7 +351,7 @@ class RunPage:
     receipts: list[ToolReceipt]
     chunks: list[BodyChunk]
     body: str
-    observed_chunks: int
+    delivery: DeliveryEvidence | None  # R7.3's reading of the chunks; None: unreadable
     duration: str
     deadline_passed: bool = False  # unsettled and past its overall deadline (R6.1)
 
@@ -461,8 +463,8 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         unknown_uses=[e for e in ledger if e.outcome == "unknown"],
         receipts=receipts,
         chunks=chunks,
-        body="".join(c.text for c in chunks if c.committed_at is not None),
-        observed_chunks=sum(1 for c in chunks if c.observed_at is not None),
+        body="".join(c.text for c in chunks if c.version is not None),
+        delivery=_delivery_evidence(chunks),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
         deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),
     )
@@ -753,3 +755,13 @@ def _stage_waterfall(run: Run, stages: list[Stage], settlement, now: datetime) -
         total=duration_words(end - origin),
         ticks=_ticks(total),
     )
+
+
+def _delivery_evidence(chunks: list) -> DeliveryEvidence | None:
+    """R7.3: what the client demonstrably received, as the rule reads the chunk
+    facts (the report's reading: ``services.deliveries.publication_of``)."""
+    rows = [(c.chunk_no, c.version, c.final, c.sent_at, c.observed_at) for c in chunks]
+    try:
+        return delivery_evidence(publication_of(rows))
+    except PublicationError:
+        return None

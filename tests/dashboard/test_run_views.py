@@ -584,6 +584,7 @@ def test_r4_1_tool_receipts_with_their_effect(client, oncall, thread):
 def test_r7_2_chunks_show_four_separate_delivery_facts(client, oncall, thread):
     run = make_run(thread)
     first, second = services.commit_chunks(run, ["Refunds take ", "5 days."], T0)
+    BodyChunk.objects.filter(run=run).update(final=False)  # chunk 3 is still on its way
     BodyChunk.objects.filter(id=first.id).update(
         sent_at=T0 + timedelta(seconds=1), observed_at=T0 + timedelta(seconds=2)
     )
@@ -602,7 +603,7 @@ def test_r7_2_chunks_show_four_separate_delivery_facts(client, oncall, thread):
     assert second_row.count("<time") == 3 and "no client evidence" in second_row
     assert "not committed" in third_row and "not sent" in third_row
     assert "no client evidence" in third_row
-    assert "partly observed" in section and "acknowledged 1 of 3" in section
+    assert "partly observed" in section and "acknowledged 1 of 2 committed" in section
     assert "Refunds take 5 days." in section  # committed body; the candidate is left out
     assert "draft" not in section[section.index("Committed body") :]
 
@@ -612,7 +613,34 @@ def test_r7_3_no_client_evidence_is_said_plainly(client, oncall, thread):
     services.commit_chunks(run, ["All done."], T0)
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
-    assert "No client acknowledged any of the 1 chunk" in body
+    assert "no client evidence" in body
+    assert "No client evidence: 1 chunk(s) committed, 0 sent, none acknowledged" in body
+
+
+def test_r7_3_every_chunk_acknowledged_is_not_observed_while_the_body_is_incomplete(
+    client, oncall, thread
+):
+    """The run page reads the chunks as rules.publication.delivery_evidence does:
+    all committed chunks acknowledged, but no final chunk yet → not "observed"."""
+    run = make_run(thread)
+    services.commit_chunks(run, ["First part, ", "second part"], T0)
+    BodyChunk.objects.filter(run=run).update(
+        final=False, sent_at=T0 + timedelta(seconds=1), observed_at=T0 + timedelta(seconds=2)
+    )
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    section = body[body.index('id="body-h"') :]
+    assert '<span class="state completed">observed</span>' not in section
+    assert "partly observed" in section and "but the body is not complete" in section
+
+
+def test_r7_2_unreadable_chunk_facts_are_said_plainly(client, oncall, thread):
+    run = make_run(thread)
+    services.commit_chunks(run, ["a", "b"], T0)
+    BodyChunk.objects.filter(run=run, chunk_no=1).update(version=None)  # 2 without 1
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    assert "facts unreadable" in body and "break the publication rules" in body
 
 
 def test_run_page_query_count_does_not_grow_with_stages_or_attempts(
