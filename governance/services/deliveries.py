@@ -47,6 +47,7 @@ from governance.models import BodyChunk, ProviderAttempt, RunCallback, Settlemen
 from governance.rules.publication import (
     CallbackStatus,
     ChunkFacts,
+    DeliveryEvidence,
     DeliveryVerdict,
     Discrepancy,
     Publication,
@@ -219,12 +220,13 @@ def judge_run(
     chunk_rows: list[ChunkRow],
     callback: CallbackView,
     unknown_effects: tuple[str, ...],
-) -> tuple[str, tuple[Discrepancy, ...]]:
-    """The delivery verdict and discrepancies of one settled run, by the R7.3/R7.4 rules."""
+) -> tuple[DeliveryEvidence | None, tuple[Discrepancy, ...]]:
+    """The delivery evidence and discrepancies of one settled run, by the R7.3/R7.4
+    rules (no evidence when the chunk rows break the rules)."""
     try:
         publication = publication_of(chunk_rows)
     except PublicationError as exc:
-        return "", (
+        return None, (
             Discrepancy(
                 FACTS_UNREADABLE,
                 f"the body chunk records break the publication rules ({exc}); "
@@ -241,7 +243,7 @@ def judge_run(
         callback=callback.status,
         unknown_effects=unknown_effects,
     )
-    return delivery_evidence(publication).verdict.value, found
+    return delivery_evidence(publication), found
 
 
 # --------------------------------------------------------------------------- many runs
@@ -309,19 +311,27 @@ def _judge_batch(rows: list[tuple]) -> list[Judged]:
         )
         run_chunks = chunks.get(run_id, [])
         callback = callbacks[run_id]
-        verdict, found = judge_run(
+        evidence, found = judge_run(
             outcome=outcome, chunk_rows=run_chunks, callback=callback, unknown_effects=effects
         )
-        committed = [c for c in run_chunks if c[1] is not None]
+        if evidence is not None:
+            counts = (evidence.committed, evidence.sent, evidence.observed)
+        else:  # unreadable: the rows' own counts, shown beside FACTS_UNREADABLE
+            committed = [c for c in run_chunks if c[1] is not None]
+            counts = (
+                len(committed),
+                sum(1 for c in committed if c[3] is not None),
+                sum(1 for c in committed if c[4] is not None),
+            )
         judged.append(
             Judged(
                 settlement_id=settlement_id,
                 rev=rev,
                 provider=provider,
-                committed=len(committed),
-                sent=sum(1 for c in committed if c[3] is not None),
-                observed=sum(1 for c in committed if c[4] is not None),
-                verdict=verdict,
+                committed=counts[0],
+                sent=counts[1],
+                observed=counts[2],
+                verdict=evidence.verdict.value if evidence is not None else "",
                 discrepancies=found,
                 delivery={
                     "callback": callback.as_json(),
