@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import cache
@@ -286,11 +287,14 @@ def follow_tool_schemas(server_name: str, now: datetime, *, why: str) -> list[Se
         if not any(e == server_name or e.startswith(prefix) for e in surface):
             continue
         schemas = tool_servers.surface_schemas(surface)
-        if schemas == segment.tool_schemas:
+        old = segment_config_of(segment)
+        new_config = dataclasses.replace(old, tool_schemas=schemas)
+        kind = segment_rules.BoundaryKind.TOOL_SURFACE_CHANGE
+        if kind not in segment_rules.config_changes(old, new_config):
             continue
         new, _created = apply_boundary(
             segment.thread,
-            segment_rules.BoundaryKind.TOOL_SURFACE_CHANGE,
+            kind,
             by=f"tool registry ({server_name})",
             reason=why,
             now=now,

@@ -140,6 +140,14 @@ class StreamRecorder:
         assert name is not None  # a budget that ran out is always named
         return name
 
+    def no_progress_name(self) -> TimeoutName:
+        """The name of a cut by the no-progress bound (R6.2's rule names it)."""
+        name = _cut_name(
+            deadline_passed=False, no_progress_exceeded=True, stage_budget_exceeded=False
+        )
+        assert name is not None  # a no-progress bound that ran out is always named
+        return name
+
     def elapsed_ms(self) -> int:
         return max(0, int((self.now() - self.start).total_seconds() * 1000))
 
@@ -524,7 +532,7 @@ def _name_read_timeout(attempt: Attempt, bound: ReadBound) -> None:
     if name is None and bound == "budget":
         name = rec.budget_name()
     elif name is None and bound == "no_progress":
-        name = "no_progress"
+        name = rec.no_progress_name()
     where = "reading the body" if attempt.headers_received else "waiting for the response"
     attempt.transport("read_timeout", f"read timeout while {where}")
     if name is not None:
