@@ -370,6 +370,18 @@ def deadline_reached(now: datetime, deadline_at: datetime) -> bool:
     return now >= deadline_at
 
 
+def breach_to_record(
+    verdict: TimeoutVerdict | None, *, no_progress_reported: bool
+) -> TimeoutVerdict | None:
+    """R6.1/R6.3: the breach the watchdog records, of the one it found. A
+    no-progress breach is decided once (finalization follows and the run is
+    still watched, so it would be found again); a deadline breach settles the
+    run, so it cannot repeat."""
+    if verdict is not None and verdict.name is TimeoutName.NO_PROGRESS and no_progress_reported:
+        return None
+    return verdict
+
+
 def watchdog_breach(
     now: datetime, run: RunClockFacts, *, no_progress_limit: timedelta
 ) -> TimeoutVerdict | None:

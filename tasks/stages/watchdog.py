@@ -60,12 +60,11 @@ def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None
         ),
         no_progress_limit=timedelta(seconds=run.no_progress_limit_s),
     )
-    if (
-        verdict is not None
-        and verdict.name == "no_progress"
-        and stage_service.has_fact(run, lc.FactKind.NO_PROGRESS_TIMEOUT)
-    ):
-        verdict = None  # already decided (finalization or settlement); not twice
+    if verdict is not None:
+        verdict = run_clocks.breach_to_record(
+            verdict,
+            no_progress_reported=stage_service.has_fact(run, lc.FactKind.NO_PROGRESS_TIMEOUT),
+        )
     if verdict is not None and not watched.held:
         if stage_service.record_breach(run, conclude_breach(verdict.name.value), now):
             done["breached"] += 1

@@ -555,3 +555,14 @@ def test_r6_1_no_attempt_may_wait_past_the_end_of_the_run(now_s, budget, deadlin
     assert allowance.deadline_bound is (left < budget)
     assert allowance.no_progress_s == pytest.approx(max(limit - (now_s - progress), 0.001))
     assert allowance.budget_s > 0 and allowance.no_progress_s > 0
+
+
+def test_r6_1_r6_3_a_no_progress_breach_is_recorded_once_and_a_deadline_always():
+    from governance.rules.run_clocks import TimeoutName, TimeoutVerdict, breach_to_record
+
+    stalled = TimeoutVerdict(TimeoutName.NO_PROGRESS)
+    late = TimeoutVerdict(TimeoutName.DEADLINE_EXCEEDED)
+    assert breach_to_record(stalled, no_progress_reported=False) == stalled
+    assert breach_to_record(stalled, no_progress_reported=True) is None
+    assert breach_to_record(late, no_progress_reported=True) == late
+    assert breach_to_record(None, no_progress_reported=False) is None
