@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -31,6 +31,7 @@ from governance.models import (
     Stage,
 )
 from governance.rules.refusal import (
+    REFUSAL_REPROBE_DELAYS,
     ProviderRefusal,
     RefusalError,
     ScheduleChoice,
@@ -39,6 +40,7 @@ from governance.rules.refusal import (
     refusal_from_card,
     refusal_verdict,
     refused_at_datetime,
+    reprobe_due,
     schedule_of,
 )
 
@@ -66,7 +68,7 @@ class ProviderState:
     @property
     def reprobe_due(self) -> bool:
         """Eligible again after refusals: the next turn sends the re-probe (R3.2)."""
-        return self.state == "eligible" and bool(self.refusals)
+        return reprobe_due(self.state, self.refusals)
 
 
 def state_moment(segment: Segment, now: datetime) -> datetime:
@@ -382,7 +384,10 @@ def card_view(metadata: dict[str, Any]) -> dict[str, Any]:
             continue
         state = entry.get("state")
         if state not in STATE_ORDER:
-            state = "frozen" if refusal.refusals is None else "unknown"
+            # A card written without its state: the rule's verdict at the refusal
+            # (a legacy row or an unknown time reads frozen, R3.4).
+            at = refused_at_datetime(refusal) or datetime(1970, 1, 1, tzinfo=UTC)
+            state = refusal_verdict(refusal, at, REFUSAL_REPROBE_DELAYS).state
         refusal_entries.append(
             {
                 "provider_id": refusal.provider_id,

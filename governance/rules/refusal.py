@@ -283,6 +283,12 @@ def refusal_verdict(
     return RefusalVerdict("eligible", reprobes, None)
 
 
+def reprobe_due(state: str, refusals: int | None) -> bool:
+    """R3.2: the next send to a provider is a re-probe when it is eligible again
+    with refusals recorded in the segment (one send, no re-render)."""
+    return state == "eligible" and bool(refusals)
+
+
 def record_refusal(
     previous: ProviderRefusal | None,
     *,

@@ -28,6 +28,7 @@ from governance.rules.refusal import (
     record_refusal,
     refusal_notices,
     refusal_verdict,
+    reprobe_due,
     starting_schedule,
 )
 
@@ -149,7 +150,7 @@ def route_turn(
                 )
             )
             continue
-        has_state = refusal is not None and bool(refusal.refusals)
+        has_state = reprobe_due(verdict.state, refusal.refusals if refusal else 0)
         candidates.append(Candidate(entry.provider_id, entry.model, has_state, refusal))
     return TurnRoute(tuple(candidates), tuple(skipped))
 

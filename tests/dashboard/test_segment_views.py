@@ -804,3 +804,17 @@ def test_r8_3_boundary_on_a_segment_closed_meanwhile_is_409_and_does_nothing(
         )  # fmt: skip
     assert Segment.objects.filter(thread=thread).count() == 2
     assert AuditEntry.objects.filter(idempotency_key="boundary:b").count() == 0
+
+
+def test_r3_4_a_card_entry_without_its_state_is_read_by_the_rule():
+    """A card of an older vintage that stored no state: the rule's verdict at the
+    refusal (cooling after one refusal), and a legacy entry (no count) frozen."""
+    from dashboard.queries.segments import card_view
+
+    at = "2026-03-02T09:00:00+00:00"
+    entries = [
+        {"provider_id": "alpha", "model": "a-1", "refusals": 1, "refused_at": at},
+        {"provider_id": "beta", "model": "b-1", "refused_at": at},
+    ]
+    states = [e["state"] for e in card_view({"refusal": entries})["refusal"]]
+    assert states == ["cooling", "frozen"]

@@ -427,3 +427,11 @@ def test_r6_3_r3_6_a_cooling_or_eligible_provider_pages_nobody():
 def test_r6_3_r3_4_a_legacy_row_counts_as_frozen_for_the_alert():
     legacy = ProviderRefusal("b", refusals=None)
     assert _no_eligible({"openai": refused(4), "b": legacy}) is not None
+
+
+def test_r3_2_a_reprobe_is_due_when_eligible_again_with_refusals_recorded():
+    from governance.rules.refusal import reprobe_due
+
+    assert reprobe_due("eligible", 1) and reprobe_due("eligible", 3)
+    assert not reprobe_due("eligible", 0) and not reprobe_due("eligible", None)
+    assert not reprobe_due("cooling", 1) and not reprobe_due("frozen", 4)
