@@ -71,6 +71,16 @@ _CALLBACK_OUTCOMES = {
 }
 
 
+def delivered_status(told: str) -> CallbackStatus:
+    """R7.4: the status of a callback the receiver got, by the outcome it was told.
+    An outcome outside R6.5 tells the receiver nothing it can act on: as good as
+    never delivered (``DELIVERY_FAILED``)."""
+    for status, outcome in _CALLBACK_OUTCOMES.items():
+        if outcome.value == told:
+            return status
+    return CallbackStatus.DELIVERY_FAILED
+
+
 class PublicationError(ValueError):
     """R7.2: a publication fact was recorded out of order or contradicts an earlier one."""
 

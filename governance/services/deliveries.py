@@ -53,6 +53,7 @@ from governance.rules.publication import (
     Publication,
     PublicationError,
     SettlementOutcome,
+    delivered_status,
     delivery_discrepancies,
     delivery_evidence,
 )
@@ -116,20 +117,12 @@ def callback_statuses(callback_urls: Mapping[UUID, str]) -> dict[UUID, CallbackV
     return views
 
 
-_DELIVERED = {
-    SettlementOutcome.COMPLETED.value: CallbackStatus.DELIVERED_COMPLETED,
-    SettlementOutcome.PARTIAL.value: CallbackStatus.DELIVERED_PARTIAL,
-    SettlementOutcome.FAILED.value: CallbackStatus.DELIVERED_FAILED,
-    SettlementOutcome.CANCELLED.value: CallbackStatus.DELIVERED_CANCELLED,
-}
-
-
 def _callback_view(record: Mapping[str, Any]) -> CallbackView:
     state, attempts = record["state"], record["attempts"]
     told = (record["payload"] or {}).get("outcome", "")
     if state == RunCallback.State.DELIVERED:
-        status = _DELIVERED.get(told)
-        if status is None:  # a payload outside R6.5: we cannot say what it told
+        status = delivered_status(told)
+        if status.reported_outcome is None:  # a payload outside R6.5
             return CallbackView(
                 CallbackStatus.DELIVERY_FAILED,
                 "delivered (unreadable)",

@@ -681,3 +681,13 @@ def test_r7_2_newly_sent_is_the_committed_chunks_not_yet_sent(total, data):
     p = body(total, committed=committed, sent=sorted(sent))
     ids = data.draw(st.lists(st.integers(-2, total + 2), max_size=10))
     assert pub.newly_sent(p, ids) == tuple(sorted(set(ids) & (p.committed_ids - p.sent_ids)))
+
+
+def test_r7_4_a_delivered_callback_is_read_by_the_outcome_it_told():
+    from governance.rules.publication import CallbackStatus, delivered_status
+
+    for outcome in OUT:
+        status = delivered_status(outcome.value)
+        assert status.reported_outcome is outcome
+    assert delivered_status("complete") is CallbackStatus.DELIVERY_FAILED
+    assert delivered_status("") is CallbackStatus.DELIVERY_FAILED
