@@ -415,6 +415,9 @@ def _decode(body: bytes) -> str:
     return body.decode("utf-8", errors="replace")
 
 
+WEBHOOK_CLASS = tool_rules.builtin_effect_class("webhook")
+
+
 def webhook(
     arguments: dict[str, Any],
     *,
@@ -471,7 +474,7 @@ def webhook(
         return result("refused", exc.reason, request_sent=False)
     except _Interrupted as exc:
         return result(
-            "unknown",
+            tool_rules.call_effect("no_answer", WEBHOOK_CLASS),
             f"the receiver answered HTTP {exc.status} but the response was interrupted "
             f"({exc.reason}); whether it acted must be verified by idempotency key",
             status=exc.status,
@@ -480,12 +483,12 @@ def webhook(
     except httpx.TransportError as exc:
         if _sent_nothing(exc):
             return result(
-                "failed",
+                tool_rules.call_effect("not_sent", WEBHOOK_CLASS),
                 f"could not reach the receiver ({type(exc).__name__}: {exc}); nothing was sent",
                 request_sent=False,
             )
         return result(
-            "unknown",
+            tool_rules.call_effect("no_answer", WEBHOOK_CLASS),
             f"the request was sent but no complete answer came back ({type(exc).__name__}: "
             f"{exc}); whether the receiver acted must be verified by idempotency key",
             status=None,
@@ -493,7 +496,7 @@ def webhook(
         )
 
     seen = {"status": status, "body": _decode(body), "truncated": truncated, "request_sent": True}
-    effect = tool_rules.call_effect(tool_rules.http_status_end(status), "external_effect")
+    effect = tool_rules.call_effect(tool_rules.http_status_end(status), WEBHOOK_CLASS)
     if effect == "succeeded":
         return result("succeeded", **seen)
     if effect == "failed":
@@ -735,7 +738,7 @@ TOOLS: dict[str, ToolFunction] = {
     "kb_search": kb_search,
     "webhook": webhook,
 }
-EXTERNAL_TOOLS: frozenset[str] = frozenset({"webhook"})
+EXTERNAL_TOOLS = tool_rules.BUILTIN_EXTERNAL_TOOLS
 # How the executor of an external tool verifies an unknown effect (R6.4).
 VERIFIERS: dict[str, ToolFunction] = {"webhook": verify_webhook}
 # Options each tool accepts from the runner; others are not passed on.
@@ -759,12 +762,13 @@ def run_tool(
     tool = TOOLS.get(name)
     if tool is None:
         return ToolResult("refused", {}, f"there is no tool named {name!r}")
-    external = name in EXTERNAL_TOOLS
+    effect_class = tool_rules.builtin_effect_class(name)
+    external = effect_class == "external_effect"
     if not isinstance(arguments, dict):
         return _failed(f"{name} needs an object of arguments", external=external)
     accepted = {k: v for k, v in options.items() if k in _TOOL_OPTIONS[name]}
     try:
         return tool(arguments, idempotency_key=idempotency_key, **accepted)
     except Exception as exc:  # R4.2: a local failure never ends the run
-        effect = tool_rules.uncertain_effect("external_effect" if external else "read_only")
+        effect = tool_rules.uncertain_effect(effect_class)
         return ToolResult(effect, {}, f"{name} raised {type(exc).__name__}: {exc}", external)

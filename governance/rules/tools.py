@@ -251,6 +251,23 @@ ToolEffectClass = Literal["read_only", "external_effect"]
 EFFECT_CLASSES: tuple[str, ...] = ("read_only", "external_effect")
 
 
+# R4.1/R6.4: the built-in tools that act outside (the webhook POSTs to a receiver);
+# the others (calculator, knowledge-base search) only read.
+BUILTIN_EXTERNAL_TOOLS: frozenset[str] = frozenset({"webhook"})
+
+
+def builtin_effect_class(name: str) -> str:
+    """The effect class of a built-in tool (a registry tool's comes with its listing)."""
+    return "external_effect" if name in BUILTIN_EXTERNAL_TOOLS else "read_only"
+
+
+def has_external_effect(name: str, recorded_class: str) -> bool:
+    """R6.4: whether a call may have acted outside — a built-in that does, or a
+    registry tool whose receipt recorded ``external_effect`` (the class recorded
+    with the receipt decides, even if the registry changed since)."""
+    return name in BUILTIN_EXTERNAL_TOOLS or recorded_class == "external_effect"
+
+
 def registry_tool_name(server: str, tool: str) -> str:
     """An MCP server's tool as the surface, the model and the receipts name it."""
     return f"{server}.{tool}"

@@ -24,7 +24,7 @@ from governance.services import receipts, tool_servers
 from governance.services import stages as stage_service
 from tasks import instrumentation as spans
 from tasks import registry_tools
-from tasks.tools import EXTERNAL_TOOLS, TOOLS, run_tool
+from tasks.tools import TOOLS, run_tool
 
 
 def execute(run: Run, stage: Stage):
@@ -42,8 +42,7 @@ def execute(run: Run, stage: Stage):
         schema_version=registry.schema_version if registry else None,
         effect_class=registry.effect_class if registry else "",
     )  # fmt: skip
-    # The class recorded with the receipt decides, even if the registry changed since.
-    external = call["name"] in EXTERNAL_TOOLS or receipt.effect_class == "external_effect"
+    external = tool_rules.has_external_effect(call["name"], receipt.effect_class)
     step = tool_rules.receipt_step(
         None if created else receipt.effect,
         external=external,

@@ -419,3 +419,14 @@ def test_r5_2_every_call_draws_a_tool_call_and_a_search_also_its_quota():
     assert len(set(keys)) == len(keys)  # one ledger key per resource (R5.4)
     assert surface_refusal("calculator", ("calculator",)) is None
     assert "tool surface" in surface_refusal("webhook", ("calculator",))
+
+
+def test_r6_4_which_calls_may_have_acted_outside():
+    from governance.rules.tools import builtin_effect_class, has_external_effect
+
+    assert builtin_effect_class("webhook") == "external_effect"
+    assert builtin_effect_class("calculator") == builtin_effect_class("kb_search") == "read_only"
+    assert has_external_effect("webhook", "")
+    assert has_external_effect("files.write", "external_effect")
+    assert not has_external_effect("files.read", "read_only")
+    assert not has_external_effect("calculator", "")
