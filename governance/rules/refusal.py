@@ -531,3 +531,14 @@ def refusal_from_card(entry: Mapping[str, Any]) -> ProviderRefusal:
         refused_at=refused_at,
         delays=delays_from_seconds(entry.get("delays_s")),
     )
+
+
+def counts_against_daily_budget(severity: str) -> bool:
+    """R3.6: normal notifications count against a channel's daily budget of
+    pushes; critical ones bypass it."""
+    return severity != "critical"
+
+
+def within_daily_budget(used_today: int, daily_budget: int) -> bool:
+    """R3.6: a normal push goes out while fewer than ``daily_budget`` went today."""
+    return used_today < daily_budget

@@ -37,6 +37,7 @@ from django.db.models import F, Q
 
 from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
 from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt, may_attempt
+from governance.rules.refusal import counts_against_daily_budget, within_daily_budget
 from governance.services.audit import audit
 from governance.services.broker import send_by_name
 from governance.services.outbound import Resolver, check_outbound_url
@@ -303,9 +304,9 @@ def claim_delivery(delivery_id: int, now: datetime) -> NotificationDelivery | No
         if delivery.event in (ACKNOWLEDGE, RESOLVE) and not _was_told(delivery):
             _settle(delivery, State.DROPPED, "the channel never received this alert", now)
             return None
-        if delivery.event == TRIGGER and notification.severity != Notification.Severity.CRITICAL:
+        if delivery.event == TRIGGER and counts_against_daily_budget(notification.severity):
             used = non_critical_used_today(channel, now, exclude=delivery.id)
-            if used >= channel.daily_budget:
+            if not within_daily_budget(used, channel.daily_budget):
                 _settle(
                     delivery,
                     State.DROPPED,

@@ -435,3 +435,12 @@ def test_r3_2_a_reprobe_is_due_when_eligible_again_with_refusals_recorded():
     assert reprobe_due("eligible", 1) and reprobe_due("eligible", 3)
     assert not reprobe_due("eligible", 0) and not reprobe_due("eligible", None)
     assert not reprobe_due("cooling", 1) and not reprobe_due("frozen", 4)
+
+
+def test_r3_6_critical_bypasses_the_daily_budget_and_normal_counts_against_it():
+    from governance.rules.refusal import counts_against_daily_budget, within_daily_budget
+
+    assert not counts_against_daily_budget("critical")
+    assert counts_against_daily_budget("normal")
+    assert within_daily_budget(0, 1) and within_daily_budget(4, 5)
+    assert not within_daily_budget(5, 5) and not within_daily_budget(0, 0)
