@@ -122,9 +122,6 @@ def provider_board(now: datetime) -> list[ProviderBoard]:
     board = []
     for provider in Provider.objects.order_by("provider_id"):
         row = states.get(provider.pk)
-        if row is None and provider.enabled:
-            board.append(ProviderBoard(provider, "closed", "no failures recorded", "", None))
-            continue
         verdict = health_verdict(
             services.provider_health(provider, row),
             now,
@@ -136,7 +133,7 @@ def provider_board(now: datetime) -> list[ProviderBoard]:
             ProviderBoard(
                 provider,
                 verdict.state,
-                verdict.reason,
+                verdict.reason or ("no failures recorded" if row is None else ""),
                 shown.last_error if shown else "",
                 shown.last_failure_at if shown else None,
             )
