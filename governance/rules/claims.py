@@ -74,6 +74,12 @@ def may_probe_process(holder: HolderId, *, host: str, pid_namespace: str) -> boo
     return holder.host == host and holder.pid_namespace == pid_namespace
 
 
+def turn_in_flight(lease_until: datetime | None, now: datetime) -> bool:
+    """R1.1/R6.6: an unfinished model turn is in flight while its lease runs — held
+    by a worker, or woken and on its way (the wake reserves it with a lease)."""
+    return lease_until is not None and lease_until > now
+
+
 def turn_may_start(*, other_turn_in_flight: bool) -> bool:
     """R1.1/R3.2: a model turn starts only when no other turn of its thread is
     in flight (held, or woken and on its way); otherwise it waits behind it."""

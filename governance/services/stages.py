@@ -138,15 +138,8 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
             return StageStart(stage)
         # The thread row, locked by the claim, serialises the gate with the closes
         # that wake waiting turns.
-        in_flight = sql.Later(
-            _other_turn_sql(),
-            [
-                sql.value(Run, "thread", run.thread_id),
-                *MODEL_STAGES,
-                sql.value(Stage, "lease_until", now),
-                stage.id,
-            ],
-            bool,
+        other_turns = _other_turn_leases().later(
+            sql.value(Run, "thread", run.thread_id), *MODEL_STAGES, stage.id
         )
         # What the turn reads, in the claim's transaction (one commit fewer); read
         # along with the gate's answer, and left unused when the turn must wait.
@@ -156,7 +149,8 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
             deadline_at=run.deadline_at,
         )
         reads = None if stopping else _turn_reads(run, stage.seq, now)
-        if not claim_rules.turn_may_start(other_turn_in_flight=in_flight.value()):
+        in_flight = any(claim_rules.turn_in_flight(r.lease_until, now) for r in other_turns.value())
+        if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
             sql.update(
                 Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
             )
@@ -166,12 +160,16 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
 
 
 @cache
-def _other_turn_sql() -> str:
-    """Another model turn of the thread held, or woken and on its way (its lease)."""
-    return (
-        f"SELECT 1 FROM {sql.table(Stage)} s JOIN {sql.table(Run)} r ON r.id = s.run_id"
-        f" WHERE r.thread_id = %s AND s.kind IN ({sql.placeholders(len(MODEL_STAGES))})"
-        " AND s.finished_at IS NULL AND s.lease_until > %s AND s.id <> %s LIMIT 1"
+def _other_turn_leases() -> sql.Read:
+    """The leases of the thread's other unfinished model turns (rules.claims
+    .turn_in_flight says which are in flight); a lease-less turn is left out here."""
+    stage, run = sql.table(Stage), sql.table(Run)
+    return sql.Read(
+        sql.fields_of(Stage, "lease_until"),
+        f"FROM {stage} JOIN {run} ON {run}.id = {stage}.run_id WHERE {run}.thread_id = %s"
+        f" AND {stage}.kind IN ({sql.placeholders(len(MODEL_STAGES))})"
+        f" AND {stage}.finished_at IS NULL AND {stage}.lease_until IS NOT NULL"
+        f" AND {stage}.id <> %s",
     )
 
 
@@ -603,7 +601,7 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
         busy_threads = set()
         for stage in Stage.objects.filter(run__in=runs, finished_at__isnull=True):
             open_stages.setdefault(stage.run_id, []).append(stage)
-            if stage.kind in MODEL_STAGES and stage.lease_until and stage.lease_until > now:
+            if stage.kind in MODEL_STAGES and claim_rules.turn_in_flight(stage.lease_until, now):
                 busy_threads.add(thread_of[stage.run_id])
         for run in runs:
             facts = [

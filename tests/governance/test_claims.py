@@ -94,3 +94,14 @@ def test_r6_6_a_waiting_turn_is_resent_only_when_its_wake_up_was_lost():
     # Woken and on its way (a reservation): not sent twice.
     assert not needs_resend(stage(lease_until=LIVE), NOW, resend_after=AFTER)
     assert needs_resend(stage(lease_until=PAST), NOW, resend_after=AFTER)
+
+
+def test_r6_6_a_turn_is_in_flight_while_its_lease_runs():
+    from datetime import UTC, datetime, timedelta
+
+    from governance.rules.claims import turn_in_flight
+
+    now = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    assert turn_in_flight(now + timedelta(seconds=1), now)
+    assert not turn_in_flight(now, now) and not turn_in_flight(now - timedelta(seconds=1), now)
+    assert not turn_in_flight(None, now)  # parked behind another turn, or never claimed
