@@ -120,16 +120,30 @@ def attempt_parts(
     return parts
 
 
+def turn_memory_key(request_digest_: str, segment_key: str) -> str:
+    """R2.3: what the turn memory keeps of a refused request — its bytes within its
+    segment. The same bytes in another thread, or after a boundary, are another
+    turn (R2.3 is about *this segment's bytes*)."""
+    return hashlib.sha256(f"{segment_key}\n{request_digest_}".encode()).hexdigest()
+
+
 def turn_request_digests(
-    history: Sequence[Message], increment: Sequence[Message], provider_ids: Sequence[str]
+    history: Sequence[Message],
+    increment: Sequence[Message],
+    provider_ids: Sequence[str],
+    segment_key: str,
 ) -> dict[str, tuple[str, ...]]:
-    """R2.3: for each provider, the digests of this turn's request in the forms the
-    turn memory keeps — as is (a refused re-probe) and with the increment withheld
-    (a refused history-only request)."""
+    """R2.3: for each provider, the memory keys of this turn's request in the forms
+    the turn memory keeps — as is (a refused re-probe) and with the increment
+    withheld (a refused history-only request)."""
     as_is = attempt_parts(history, increment, "original")
     history_only = attempt_parts(history, increment, "history_only")
     return {
-        pid: tuple(dict.fromkeys(request_digest(p, pid) for p in (as_is, history_only)))
+        pid: tuple(
+            dict.fromkeys(
+                turn_memory_key(request_digest(p, pid), segment_key) for p in (as_is, history_only)
+            )
+        )
         for pid in provider_ids
     }
 
@@ -362,7 +376,7 @@ def conclude_turn(
         if c.timeout_name not in RUN_CLOCK_CUTS and _counts_for_health(c.classification)
     )
     turn_refusals = tuple(
-        (c.provider_id, c.digest)
+        (c.provider_id, turn_memory_key(c.digest, facts.segment_key))
         for c in calls
         if c.result == "refused" and c.kind in ("history_only", "re_probe")
     )

@@ -70,7 +70,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         turn_memory=context.memory,
         # Hashing the request costs; with nothing remembered there is nothing to match.
         request_digests=turns.turn_request_digests(
-            context.history, increment, [entry.provider_id for entry in chain]
+            context.history, increment, [entry.provider_id for entry in chain], segment.key
         )
         if context.memory
         else None,

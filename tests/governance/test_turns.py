@@ -62,6 +62,7 @@ from governance.rules.turns import (
     sent_increment,
     stage_must_stop,
     turn_increment,
+    turn_memory_key,
     turn_request_digests,
     withheld,
 )
@@ -812,8 +813,10 @@ def test_r2_3_turn_memory_remembers_the_refused_history_only_request():
     history_only = shell.calls[3]
     assert history_only.kind == "history_only"
     expected = request_digest(attempt_parts(HISTORY, [TOOL_RESULT], "history_only"), "a")
-    assert conclusion.turn_refusals == (("a", expected),)
     assert history_only.digest == expected
+    # Kept within its segment: the same bytes in another thread are another turn.
+    assert conclusion.turn_refusals == (("a", turn_memory_key(expected, SEGMENT)),)
+    assert turn_memory_key(expected, SEGMENT) != turn_memory_key(expected, "other-segment")
 
 
 def test_r2_3_turn_memory_remembers_a_refused_reprobe_and_not_an_accepted_one():
@@ -821,7 +824,7 @@ def test_r2_3_turn_memory_remembers_a_refused_reprobe_and_not_an_accepted_one():
     conclusion, shell, _ = run_turn({"a": refused(), "b": answer()},
                                     refusals={"a": state(1)}, now=due)  # fmt: skip
     assert shell.log[0] == ("a", "re_probe", 1)
-    assert conclusion.turn_refusals == (("a", shell.calls[0].digest),)
+    assert conclusion.turn_refusals == (("a", turn_memory_key(shell.calls[0].digest, SEGMENT)),)
     assert conclusion.counts["governance.reprobes"] == 1
     accepted, _, outcome = run_turn({"a": answer(), "b": answer()},
                                     refusals={"a": state(1)}, now=due)  # fmt: skip
@@ -1033,7 +1036,7 @@ def test_r2_3_r4_4_r6_2_turn_conclusions_hold_their_invariants(a, b, final, incr
     ]
     # R2.3: only refused history-only requests and re-probes enter the turn memory.
     assert conclusion.turn_refusals == tuple(
-        (c.provider_id, c.digest)
+        (c.provider_id, turn_memory_key(c.digest, SEGMENT))
         for c in calls
         if c.result == "refused" and c.kind in ("history_only", "re_probe")
     )
@@ -1119,12 +1122,16 @@ def test_r2_3_turn_request_digests_match_what_the_memory_keeps():
     """The route asks the memory with the digests of the forms a turn is refused in:
     a refused history-only request and a refused re-probe (the request as is)."""
     conclusion, _, _ = run_turn({"a": refused(), "b": answer()})
-    digests = turn_request_digests(HISTORY, [TOOL_RESULT], ["a", "b"])
+    digests = turn_request_digests(HISTORY, [TOOL_RESULT], ["a", "b"], SEGMENT)
     assert conclusion.turn_refusals[0][1] in digests["a"]
     due = T0 + timedelta(minutes=15)
     probed, _, _ = run_turn({"a": refused(), "b": answer()},
                                 refusals={"a": state(1)}, now=due)  # fmt: skip
     assert probed.turn_refusals[0][1] in digests["a"]
     assert set(digests["a"]).isdisjoint(digests["b"])  # a provider's memory is its own
-    other_turn = turn_request_digests(HISTORY, [{"role": "user", "content": "else"}], ["a"])
+    other_turn = turn_request_digests(
+        HISTORY, [{"role": "user", "content": "else"}], ["a"], SEGMENT
+    )
     assert set(other_turn["a"]).isdisjoint(digests["a"])
+    other_thread = turn_request_digests(HISTORY, [TOOL_RESULT], ["a"], "other-segment")
+    assert set(other_thread["a"]).isdisjoint(digests["a"])
