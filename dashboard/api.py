@@ -62,6 +62,7 @@ from governance.services.admission import Overloaded
 from governance.services.broker import publish
 from governance.services.budget import run_budget_view_later
 from governance.services.errors import RunSettled
+from governance.services.stream import run_is_settled
 from governance.services.tokens import token_digest
 from tasks import instrumentation as spans
 
@@ -312,9 +313,10 @@ RUN_CHUNKS = sql.Read(
 )
 
 
-def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
+def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any] | None:
     """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run), read
-    with plain statements: a client polls it to see its run settle."""
+    with plain statements: a client polls it to see its run settle.
+    ``settled_only``: None while the run is not settled (nothing is built)."""
     key = _db_value(Run, run_id)
     # Six reads, one round trip (on PostgreSQL): a waiting client's answer is
     # on the path from the settlement to the client.
@@ -325,7 +327,7 @@ def run_json(run_id: uuid.UUID) -> dict[str, Any] | None:
         budget_read = run_budget_view_later(run_id)
         found, stages, attempts, receipts, chunks = (read.value() for read in reads)
         budget = budget_read.value()
-    if not found:
+    if not found or (settled_only and found[0].settlement_settled_at is None):
         return None
     run = found[0]
     attempt_costs = [
@@ -534,20 +536,21 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         return JsonResponse(answer)
 
     def answer(*, settled_only: bool) -> bytes | None:
-        """The run's answer; with ``settled_only``, None while it is not settled
-        (one read tells and answers: no second read once the settlement is heard)."""
-        found = run_json(key)
-        if found is None:  # deleted while the answer waited (its 200 is sent)
+        """The run's answer; with ``settled_only``, None while it is not settled:
+        one round trip both tells and answers once the settlement is heard."""
+        found = run_json(key, settled_only=settled_only)
+        if found is None:
+            if settled_only:
+                return None
+            # Deleted while the answer waited (its 200 is sent).
             found = {"error": {"field": None, "message": "no such run (deleted)"}}
-        elif settled_only and found["settlement"] is None:
-            return None
         return JsonResponse(found).content
 
-    now_found = run_json(key)
-    if now_found is None:
+    settled = run_is_settled(key)  # one small read: exists, settled
+    if settled is None:
         raise ApiError(404, None, "no such run")
-    if now_found["settlement"] is not None:
-        return JsonResponse(now_found)
+    if settled:
+        return HttpResponse(answer(settled_only=False), content_type="application/json")
     # Not settled: the answer waits for the settlement (dashboard/run_waits.py).
     settled_answer = partial(answer, settled_only=True)
     final_answer = partial(answer, settled_only=False)
