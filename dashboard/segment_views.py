@@ -26,7 +26,12 @@ from dashboard.queries import segments as queries
 from dashboard.status import human_duration
 from governance import services, time_source
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
-from governance.rules.segments import OPERATOR_BOUNDARY_KINDS, BoundaryKind
+from governance.rules.segments import (
+    OPERATOR_BOUNDARY_KINDS,
+    BoundaryKind,
+    history_policy,
+    starts_new_session,
+)
 
 PAGE_SIZE = 25
 TIMELINE_PAGE = 50
@@ -227,6 +232,9 @@ def _boundary_page(
         "form": form,
         "kind": kind if kind in KINDS else "",
         "kind_name": KINDS.get(kind, ""),
+        # R1.2 as the rule states it: the confirmation says what this kind does.
+        "history": history_policy(kind) if kind in KINDS else "",
+        "new_session": starts_new_session(kind) if kind in KINDS else False,
         "kinds": KINDS,
         "history_count": queries.history_count(segment),
         "not_eligible": [s for s in states if s.state != "eligible"],

@@ -49,6 +49,16 @@ class SegmentError(ValueError):
     """An illegal segment operation."""
 
 
+def history_policy(kind: BoundaryKind | str) -> HistoryPolicy:
+    """R1.2: what a boundary of ``kind`` does with the accepted history."""
+    return _HISTORY_POLICY.get(BoundaryKind(kind), "keep")
+
+
+def starts_new_session(kind: BoundaryKind | str) -> bool:
+    """R1.2: compact and fresh start begin a new session (a new generation)."""
+    return BoundaryKind(kind) in NEW_SESSION_KINDS
+
+
 @dataclass(frozen=True)
 class SegmentConfig:
     """What defines a segment (R1.2): any change starts a new one."""
@@ -174,8 +184,8 @@ def apply_boundary(
     return BoundaryTransition(
         closed=closed,
         opened=opened,
-        history=_HISTORY_POLICY.get(kind, "keep"),
-        new_session=kind in NEW_SESSION_KINDS,
+        history=history_policy(kind),
+        new_session=starts_new_session(kind),
     )
 
 

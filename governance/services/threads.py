@@ -204,7 +204,7 @@ def apply_boundary(
         )
         generation = current.session.generation
         new_session_id = (
-            _session_id(thread, generation + 1) if kind in segment_rules.NEW_SESSION_KINDS else None
+            _session_id(thread, generation + 1) if segment_rules.starts_new_session(kind) else None
         )
         value = segment_rules.Segment(
             current.session_id, current.segment_no, old_config, current.opened_at

@@ -547,3 +547,12 @@ def test_r1_2_r1_3_r1_4_property_any_boundary_sequence(ops):
         current, history = transition.opened, next_history
     boundaries = sum(1 for op, _ in ops if op != "append")
     assert len(seen_keys) == boundaries + 1
+
+
+def test_r1_2_what_each_boundary_does_with_the_session_and_the_history():
+    from governance.rules.segments import BoundaryKind, history_policy, starts_new_session
+
+    assert (history_policy("compact"), starts_new_session("compact")) == ("summarize", True)
+    assert (history_policy("fresh_start"), starts_new_session("fresh_start")) == ("drop", True)
+    for kind in ("model_switch", "mode_change", "tool_surface_change", "prompt_change"):
+        assert (history_policy(kind), starts_new_session(BoundaryKind(kind))) == ("keep", False)
