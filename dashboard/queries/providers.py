@@ -114,10 +114,8 @@ def _row_for(provider: Provider, now: datetime) -> ProviderRow:
         health,
         verdict,
         verdict.state,
-        disabled_by=("admin" if not provider.enabled else "auth")
-        if verdict.state == "disabled"
-        else "",
-        probe_in_flight=verdict.state == "half_open" and not verdict.available,
+        disabled_by=verdict.disabled_by,
+        probe_in_flight=verdict.probe_in_flight,
     )
 
 

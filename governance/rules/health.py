@@ -554,6 +554,14 @@ class HealthVerdict:
     state: Literal["closed", "open", "half_open", "disabled"]
     retry_at: datetime | None
     reason: str
+    # Who switched a disabled provider off: an administrator, or an auth
+    # failure that waits for a configuration change (R2.1).
+    disabled_by: Literal["", "admin", "auth"] = ""
+
+    @property
+    def probe_in_flight(self) -> bool:
+        """Half-open with its one probe admitted and not yet reported (R2.2)."""
+        return self.state == "half_open" and not self.available
 
 
 def breaker_cooldown(
@@ -619,7 +627,9 @@ def health_verdict(
     """
     now = _require_aware(now, "now")
     if not enabled:
-        return HealthVerdict(False, "disabled", None, "disabled by an administrator")
+        return HealthVerdict(
+            False, "disabled", None, "disabled by an administrator", disabled_by="admin"
+        )
     if _is_disabled(health, config_fingerprint):
         since = f" at {_clock(health.last_failure_at, now)}" if health.last_failure_at else ""
         return HealthVerdict(
@@ -627,6 +637,7 @@ def health_verdict(
             state="disabled",
             retry_at=None,
             reason=f"disabled after an auth failure{since}; waits for a configuration change",
+            disabled_by="auth",
         )
     state = effective_breaker_state(health, now)
     last = health.last_failure_class or "time-based failure"

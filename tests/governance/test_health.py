@@ -1097,4 +1097,22 @@ def test_r2_1_an_administrators_switch_comes_before_the_breaker(health):
     assert (switched_off.available, switched_off.state) == (False, "disabled")
     assert switched_off.reason == "disabled by an administrator"
     assert switched_off.retry_at is None
+    assert switched_off.disabled_by == "admin"
     assert health_verdict(health, T0, "v1").reason != switched_off.reason
+
+
+def test_r2_1_the_verdict_says_who_disabled_a_provider_and_whether_a_probe_is_out():
+    auth_failed = fail(ProviderHealth("p"), "auth", T0, config_fingerprint="v1")
+    assert health_verdict(auth_failed, T0, "v1").disabled_by == "auth"
+    # A new configuration lifts the auth disable: nobody disabled it any more.
+    assert health_verdict(auth_failed, T0, "v2").disabled_by == ""
+    assert health_verdict(ProviderHealth("p"), T0, "v1").disabled_by == ""
+    half_open = replace(
+        fail_times(ProviderHealth("p"), "server_error", 5, T0), open_until=T0, breaker="open"
+    )
+    free = health_verdict(half_open, T0)
+    assert (free.state, free.probe_in_flight) == ("half_open", False)
+    leased = replace(half_open, probe_lease_until=T0 + timedelta(seconds=30))
+    out = health_verdict(leased, T0)
+    assert (out.state, out.available, out.probe_in_flight) == ("half_open", False, True)
+    assert not health_verdict(ProviderHealth("p"), T0).probe_in_flight
