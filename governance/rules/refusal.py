@@ -448,6 +448,8 @@ def no_eligible_provider_notice(
     """
     if not every_provider_frozen(provider_ids, refusals, now, delays):
         return None
+    # Each refusal counts against the schedule it started under, not the default.
+    reprobes = max(refusal_verdict(refusals[pid], now, delays).reprobes for pid in provider_ids)
     return Notice(
         dedupe_key=f"no-eligible-provider:{segment_key}",
         severity="critical",
@@ -457,7 +459,7 @@ def no_eligible_provider_notice(
         ),
         segment_key=segment_key,
         provider_ids=tuple(sorted(provider_ids)),
-        reprobes=len(delays),
+        reprobes=reprobes,
         created_at=now,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -414,6 +415,16 @@ def test_r6_3_no_eligible_provider_alerts_when_every_provider_is_frozen():
     assert notice.reprobes == MAX_REFUSAL_REPROBES
     assert RULE_TEXT in notice.text and "run-1" in notice.text
     assert "switch model" in notice.text  # it names the boundary action needed
+
+
+def test_r6_3_the_alert_counts_reprobes_against_each_refusals_own_schedule():
+    """A refusal under a longer schedule froze after its own re-probes, not the default's."""
+    longer = tuple(timedelta(minutes=m) for m in (1, 2, 3, 4, 5))
+    own = replace(refused(6, provider="b"), delays=longer)
+    notice = _no_eligible({"openai": refused(4), "b": own}, now=at(60))
+    assert notice is not None and notice.reprobes == len(longer) > MAX_REFUSAL_REPROBES
+    # Under its own schedule, 4 sends leave one re-probe: cooling, nobody paged.
+    assert _no_eligible({"openai": refused(4), "b": replace(own, refusals=4)}, now=at(1)) is None
 
 
 def test_r6_3_r3_6_a_cooling_or_eligible_provider_pages_nobody():
