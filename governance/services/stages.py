@@ -316,12 +316,13 @@ class Closed:
 def stage_clock_values(run: Run, stage: Stage, at: datetime, last_progress_at: datetime):
     started = stage.started_at or at
     finished = stage.finished_at or at
+    # The run's latest progress as of the stage's end, as stage_clocks asks for.
     progress = min(max(last_progress_at, run.created_at), finished)
     return run_clocks.stage_clocks(
         enqueued_at=stage.enqueued_at,
         started_at=started,
         finished_at=finished,
-        last_progress_at=max(progress, run.created_at),
+        last_progress_at=progress,
         run_started_at=run.created_at,
         deadline_at=run.deadline_at,
         now=finished,
