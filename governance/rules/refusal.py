@@ -348,8 +348,10 @@ def _notice(
     reprobes = max(verdict.reprobes for _, verdict in group)
     names = ", ".join(ids)
     states = "; ".join(f"{r.provider_id}: {_verdict_words(v, r)}" for r, v in group)
-    most = max(len(schedule_of(refusal, delays)) for refusal, _ in group)
-    sends = 1 + most  # max_sends of the longest schedule in the group
+    # The longest schedule in the group bounds what may still follow.
+    schedules = [schedule_of(refusal, delays) for refusal, _ in group]
+    most = max(len(schedule) for schedule in schedules)
+    sends = max(max_sends(schedule) for schedule in schedules)
     if severity == "critical":
         text = (
             f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
