@@ -1170,6 +1170,47 @@ def reference_costs(system: System) -> dict[str, float]:
         "httpx_client_build_ms": pct(build, 50),
         "provider_round_trip_ms": pct(kept, 50),
         "provider_round_trip_new_connection_ms": pct(fresh, 50),
+        **server_round_trips(system),
+    }
+
+
+def server_round_trips(system: System) -> dict[str, float]:
+    """What PostgreSQL and Redis cost on this machine outside the system (medians
+    of 50): the line that tells two machines apart when the pure-Python speed
+    line does not (a VM whose loopback and fsync are slower runs fewer runs per
+    second at the same Python speed). Read after the throughput window's
+    counters, so its own commits are not counted as the system's."""
+    import redis
+
+    select, transaction, ping = [], [], []
+    with system.conn() as conn:
+        conn.autocommit = True
+        conn.execute("CREATE TABLE bench_probe (n int PRIMARY KEY, seen int)")
+        try:
+            for n in range(50):
+                start = time.perf_counter()
+                conn.execute("SELECT 1").fetchone()
+                select.append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                with conn.transaction():
+                    conn.execute("INSERT INTO bench_probe VALUES (%s, 0)", [n])
+                    conn.execute("UPDATE bench_probe SET seen = seen + 1 WHERE n = %s", [n])
+                    conn.execute("SELECT seen FROM bench_probe WHERE n = %s", [n]).fetchone()
+                transaction.append((time.perf_counter() - start) * 1000)
+        finally:
+            conn.execute("DROP TABLE bench_probe")
+    broker = redis.Redis.from_url(system.redis_url)
+    try:
+        for _ in range(50):
+            start = time.perf_counter()
+            broker.ping()
+            ping.append((time.perf_counter() - start) * 1000)
+    finally:
+        broker.close()
+    return {
+        "postgresql_round_trip_ms": pct(select, 50),
+        "postgresql_transaction_ms": pct(transaction, 50),
+        "redis_round_trip_ms": pct(ping, 50),
     }
 
 
@@ -1249,7 +1290,10 @@ def print_report(n: int, lone_n: int, f: dict, load: dict, lone_facts, load_fact
         f"  reference outside the system: one streamed round trip to the loopback provider "
         f"{fmt_ms(f['provider_round_trip_ms'])} kept alive, "
         f"{fmt_ms(f['provider_round_trip_new_connection_ms'])} on a new connection; building "
-        f"an httpx.Client() {fmt_ms(f['httpx_client_build_ms'])} (p50 of 20 each)"
+        f"an httpx.Client() {fmt_ms(f['httpx_client_build_ms'])} (p50 of 20 each); "
+        f"PostgreSQL SELECT 1 {f['postgresql_round_trip_ms']:.2f} ms, a committed "
+        f"transaction of three statements {f['postgresql_transaction_ms']:.2f} ms, "
+        f"Redis PING {f['redis_round_trip_ms']:.2f} ms (p50 of 50 each)"
     )
     before, after = f["machine_speed_ms"]
     print(
