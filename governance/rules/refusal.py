@@ -349,9 +349,8 @@ def _notice(
     names = ", ".join(ids)
     states = "; ".join(f"{r.provider_id}: {_verdict_words(v, r)}" for r, v in group)
     # The longest schedule in the group bounds what may still follow.
-    schedules = [schedule_of(refusal, delays) for refusal, _ in group]
-    most = max(len(schedule) for schedule in schedules)
-    sends = max(max_sends(schedule) for schedule in schedules)
+    longest = max((schedule_of(refusal, delays) for refusal, _ in group), key=len)
+    most, sends = len(longest), max_sends(longest)
     if severity == "critical":
         text = (
             f"Content refused in segment {seg_key} by {names}: {RULE_TEXT}. "
