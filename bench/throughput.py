@@ -1176,10 +1176,10 @@ def reference_costs(system: System) -> dict[str, float]:
 
 def server_round_trips(system: System) -> dict[str, float]:
     """What PostgreSQL and Redis cost on this machine outside the system (medians
-    of 50): the line that tells two machines apart when the pure-Python speed
-    line does not (a VM whose loopback and fsync are slower runs fewer runs per
-    second at the same Python speed). Read after the throughput window's
-    counters, so its own commits are not counted as the system's."""
+    of 50): two VMs at the same pure-Python speed have differed by half on every
+    hop, and this line says whether the servers themselves were the difference.
+    Read after the throughput window's counters, so its own commits are not
+    counted as the system's."""
     import redis
 
     select, transaction, ping = [], [], []
