@@ -325,8 +325,9 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
             read.later(key) for read in (RUN, RUN_STAGES, RUN_ATTEMPTS, RUN_RECEIPTS, RUN_CHUNKS)
         ]
         budget_read = run_budget_view_later(run_id)
-        found, stages, attempts, receipts, chunks = (read.value() for read in reads)
-        budget = budget_read.value()
+    # Read once the block has ended: its end is the round trip.
+    found, stages, attempts, receipts, chunks = (read.value() for read in reads)
+    budget = budget_read.value()
     if not found or (settled_only and found[0].settlement_settled_at is None):
         return None
     run = found[0]
@@ -552,12 +553,14 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     if settled:
         return HttpResponse(answer(settled_only=False), content_type="application/json")
     # Not settled: the answer waits for the settlement (dashboard/run_waits.py).
-    settled_answer = partial(answer, settled_only=True)
+    settled_now = partial(run_is_settled, key)
     final_answer = partial(answer, settled_only=False)
     body = (
-        run_waits.answer_when_settled(str(key), wait_s, settled_answer, final_answer)
+        run_waits.answer_when_settled(
+            str(key), wait_s, settled_now, partial(answer, settled_only=True), final_answer
+        )
         if isinstance(request, ASGIRequest)
-        else run_waits.answer_when_settled_sync(wait_s, settled_answer, final_answer)
+        else run_waits.answer_when_settled_sync(wait_s, settled_now, final_answer)
     )
     response = StreamingHttpResponse(body, content_type="application/json")
     response["Cache-Control"] = "no-store"

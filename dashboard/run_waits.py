@@ -10,9 +10,10 @@ settlement also sends ``NOTIFY governance_run_settled`` with the run's id
 Each web event loop holds one connection on ``LISTEN`` for it (opened by the
 first waiting request, closed after ``LINGER_S`` with none) and wakes the
 requests waiting for that run. The notification is a prompt, not a fact: a
-woken request reads the database, and every waiting request reads it again
-every ``RECHECK_S`` anyway, so a lost connection, a settlement committed before
-the ``LISTEN`` or SQLite (which has no NOTIFY) delays an answer by at most that.
+woken request reads the database, and every waiting request looks again (one
+small read: settled or not) every ``RECHECK_S`` anyway, so a lost connection, a
+settlement committed before the ``LISTEN`` or SQLite (which has no NOTIFY)
+delays an answer by at most that.
 Under a WSGI server (runserver, the tests' live server) the request polls.
 """
 
@@ -125,34 +126,44 @@ def _listener() -> _Listener:
 async def answer_when_settled(
     run_id: str,
     wait_s: float,
+    settled: Callable[[], bool | None],
     settled_answer: Callable[[], bytes | None],
     answer: Callable[[], bytes],
 ) -> AsyncIterator[bytes]:
-    """The body of a waiting request: ``settled_answer()`` once it is not None (the
-    run settled, or is gone), else ``answer()`` after ``wait_s``. Both read the
-    database; they run off the event loop. One read both tells and answers, so a
-    heard settlement costs one trip off the loop."""
+    """The body of a waiting request: ``answer()`` once ``settled()`` (one small
+    read) is not False (the run settled, or is gone), else after ``wait_s``. A
+    heard settlement is read with ``settled_answer()`` (None while not settled):
+    one read both tells and answers, so the answer costs one trip off the loop;
+    a look without a notification (the first, a recheck, polling) is the small
+    read. All of them read the database off the event loop."""
     deadline = time.monotonic() + wait_s
     listener = _listener()
+    body = None
     with listener.watch(run_id) as heard:
-        # Watching before this first read: a settlement committed after it is heard.
-        while (body := await off_loop(settled_answer)()) is None:
+        # Watching before this first look: a settlement committed after it is heard.
+        looked = await off_loop(settled)()
+        while looked is False:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             pause = RECHECK_S if listener.listening else POLL_S
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(heard.wait(), min(left, pause))
+            except TimeoutError:
+                looked = await off_loop(settled)()
+            else:
+                body = await off_loop(settled_answer)()
+                looked = body is not None
             heard.clear()
     yield body if body is not None else await off_loop(answer)()
 
 
 def answer_when_settled_sync(
-    wait_s: float, settled_answer: Callable[[], bytes | None], answer: Callable[[], bytes]
+    wait_s: float, settled: Callable[[], bool | None], answer: Callable[[], bytes]
 ) -> Iterator[bytes]:
-    """The same under a WSGI server: the request's own thread polls."""
+    """The same under a WSGI server: the request's own thread polls with the small read."""
     deadline = time.monotonic() + wait_s
-    while (body := settled_answer()) is None and time.monotonic() < deadline:
+    while settled() is False and time.monotonic() < deadline:
         close_old_connections()
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-    yield body if body is not None else answer()
+    yield answer()

@@ -123,6 +123,23 @@ def test_an_unsettled_run_is_answered_as_it_is_when_the_wait_ends(client, token_
     assert 0.2 <= time.monotonic() - started < 5
 
 
+def test_a_look_while_waiting_is_one_small_read(client, token_user, run):
+    """Each look at an unsettled run reads whether it settled (one statement),
+    not the whole answer: only the final answer reads the run's stages, attempts
+    and chunks."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        body = body_of(client.get(f"/api/v1/runs/{run.id}?wait=0.3", headers=AUTH))
+    assert body["status"] != "settled"
+    look = "SELECT EXISTS (SELECT 1 FROM governance_settlement"
+    looks = [q for q in captured if look in q["sql"]]
+    answers = [q for q in captured if "FROM governance_stage WHERE run_id" in q["sql"]]
+    assert len(looks) >= 3  # the view's, then one per poll (every 50 ms)
+    assert len(answers) == 1  # the answer after the wait, read once
+
+
 # --------------------------------------------------------------------------- ASGI path
 
 
