@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -83,6 +83,19 @@ def health_verdicts(providers: Sequence[Provider], now: datetime) -> dict[str, A
     return verdicts
 
 
+def health_rows_later(providers: Iterable[Provider]) -> sql.Later[dict[Any, ProviderHealthState]]:
+    """The providers' health rows by provider key, unlocked, read with others
+    (``statements.together``): what :func:`record_provider_result` reads first."""
+    keys = sorted({provider.pk for provider in providers})
+    shape = sql.columns(ProviderHealthState, "h")
+    return sql.Later(
+        f"SELECT {shape.sql} FROM {sql.table(ProviderHealthState)} h"
+        f" WHERE {sql.is_in('h.provider_id', len(keys))}",
+        keys,
+        lambda found: {row.provider_id: row for row in map(shape.load, found)},
+    )
+
+
 def record_provider_result(
     provider: Provider,
     classification: health_rules.Classification | None,
@@ -90,12 +103,14 @@ def record_provider_result(
     *,
     error: str = "",
     rng: random.Random | None = None,
+    read: Mapping[Any, ProviderHealthState] | None = None,
 ) -> None:
     """R2.2: move the breaker on a time-based failure or a success (row lock).
 
     A success that changes nothing but a recent "last success" is not written
     (``health_rules.health_changed``): the unlocked read decides, so healthy
-    traffic never queues on the provider's row.
+    traffic never queues on the provider's row. ``read``: that unlocked read,
+    made already in this transaction (:func:`health_rows_later`).
     """
 
     def moved(row: ProviderHealthState | None) -> tuple[Any, Any]:
@@ -111,12 +126,9 @@ def record_provider_result(
             provider.config_fingerprint(),
         )
 
-    shape = sql.columns(ProviderHealthState, "h")
-    found = sql.fetch(
-        f"SELECT {shape.sql} FROM {sql.table(ProviderHealthState)} h WHERE h.provider_id = %s",
-        [provider.pk],
-    )
-    current = shape.load(found[0]) if found else None
+    if read is None:
+        read = health_rows_later([provider]).value()
+    current = read.get(provider.pk)
     if current is not None and not health_rules.health_changed(*moved(current)):
         return
     with transaction.atomic(savepoint=False):
@@ -151,9 +163,17 @@ def apply_health_moves(
     now: datetime,
     *,
     rng: random.Random,
+    read: Mapping[Any, ProviderHealthState] | None = None,
 ) -> None:
-    """R2.2: a turn's breaker moves, in order, inside the stage's closing transaction."""
+    """R2.2: a turn's breaker moves, in order, inside the stage's closing
+    transaction. ``read``: the providers' rows as read at its start
+    (:func:`health_rows_later`); a provider's second move reads its row again,
+    as its first move may have written it."""
+    moved: set[Any] = set()
     for move in moves:
+        provider = providers[move.provider_id]
         record_provider_result(
-            providers[move.provider_id], move.classification, now, error=move.error, rng=rng
-        )
+            provider, move.classification, now, error=move.error, rng=rng,
+            read=read if provider.pk not in moved else None,
+        )  # fmt: skip
+        moved.add(provider.pk)

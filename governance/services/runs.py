@@ -315,13 +315,15 @@ def run_facts(
     *,
     extra: Sequence[lc.OwnerFact] = (),
     read_settlement: bool = True,
+    payloads: Sequence[Any] | None = None,
 ) -> lc.RunFacts:
     """The lifecycle's view of a run: its owners' facts in order (``extra``: the
     facts of a close not yet written), its phase and where finalization began
-    (kept on the decision that entered it), its settlement."""
-    facts = tuple(
-        fact for metadata in _fact_payloads(run.id) for fact in facts_of(metadata)
-    ) + tuple(extra)
+    (kept on the decision that entered it), its settlement. ``payloads``: the
+    logged facts, read already in this transaction (:func:`fact_payloads_later`)."""
+    if payloads is None:
+        payloads = fact_payloads_later(run.id).value()
+    facts = tuple(fact for metadata in payloads for fact in facts_of(metadata)) + tuple(extra)
     finalization_from = None
     if run.phase == "finalization":
         entered = next(
@@ -355,11 +357,15 @@ def _fact_payloads_sql() -> tuple[str, sql.Columns]:
     return text, shape
 
 
-def _fact_payloads(run_id: Any) -> list[Any]:
-    """The run's owners' facts as logged, oldest first."""
+def fact_payloads_later(run_id: Any) -> sql.Later[list[Any]]:
+    """The run's owners' facts as logged, oldest first (read with others inside
+    ``statements.together``)."""
     text, shape = _fact_payloads_sql()
-    rows = sql.fetch(text, [sql.value(RunEvent, "run", run_id), *FACT_KINDS])
-    return [shape.values(row)[0] for row in rows]
+    return sql.Later(
+        text,
+        [sql.value(RunEvent, "run", run_id), *FACT_KINDS],
+        lambda rows: [shape.values(row)[0] for row in rows],
+    )
 
 
 def decision_entry(

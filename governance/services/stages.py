@@ -56,6 +56,7 @@ from governance.services.claims import lease
 from governance.services.events import facts_event
 from governance.services.health import (
     apply_health_moves,
+    health_rows_later,
     provider_health,
     providers_with_health,
 )
@@ -74,6 +75,7 @@ from governance.services.runs import (
     claim_stage,
     decision_entry,
     enqueue_stage,
+    fact_payloads_later,
     finish_stage,
     run_facts,
     settlement_row,
@@ -188,19 +190,35 @@ def give_up_claim(stage: Stage, now: datetime) -> None:
         log.warning("stage %s: the database is still away; its lease will run out", stage.id)
 
 
-def wake_next_turn(thread_id: Any, now: datetime, *, thread_locked: bool = False) -> int | None:
+def wake_next_turn(
+    thread_id: Any,
+    now: datetime,
+    *,
+    thread_locked: bool = False,
+    found: list[sql.Row] | None = None,
+) -> int | None:
     """In the transaction that closes a thread's turn: the oldest turn waiting
     behind it is reserved (its lease marks it on its way) and sent on commit.
-    The thread row is locked first (``thread_locked``: the close holds it)."""
+    The thread row is locked first (``thread_locked``: the close holds it).
+    ``found``: that turn, read already under the thread's lock (:func:`waiting_turn_later`)."""
     if not thread_locked:
         Thread.objects.select_for_update().filter(pk=thread_id).first()
-    found = sql.fetch(_waiting_turn_sql(), [sql.value(Run, "thread", thread_id), *MODEL_STAGES])
+    if found is None:
+        found = waiting_turn_later(thread_id).value()
     if not found:
         return None
     waiting = found[0]
     sql.update(Stage, {"id": waiting[0]}, parked_at=None, lease_until=now + lease())
     publish([waiting])
     return waiting[0]
+
+
+def waiting_turn_later(thread_id: Any) -> sql.Later[list[sql.Row]]:
+    """The thread's oldest turn parked behind the one in flight, read with others
+    (``statements.together``); read it under the thread's lock."""
+    return sql.Later(
+        _waiting_turn_sql(), [sql.value(Run, "thread", thread_id), *MODEL_STAGES], list
+    )
 
 
 @cache
@@ -375,12 +393,21 @@ def _hold(stage: Stage | None, run: Run) -> Run:
     """
     if stage is None:
         return Run.objects.select_for_update().get(id=run.id)
+    return _hold_later(stage).value()
+
+
+def _hold_later(stage: Stage) -> sql.Later[Run]:
+    """:func:`_hold` of a stage, sent now (inside ``statements.together``: the
+    reads after it in the same round trip run once its locks are held)."""
     # The thread is locked too: a model turn's close wakes the next turn (wake_next_turn).
     text, shape = _hold_sql()
-    rows = sql.fetch(text, [stage.id, stage.holder])
-    if not rows:
-        raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
-    return shape.load(rows[0])
+
+    def held(rows: list[sql.Row]) -> Run:
+        if not rows:
+            raise StaleClaim(f"stage {stage.id} was taken over or finished meanwhile")
+        return shape.load(rows[0])
+
+    return sql.Later(text, [stage.id, stage.holder], held)
 
 
 @cache
@@ -394,6 +421,43 @@ def _hold_sql() -> tuple[str, sql.Columns]:
         f"{sql.lock_clause('s', 'r', 't')}"
     )
     return text, shape
+
+
+@dataclass
+class _CloseReads:
+    """What a close reads besides its lock, read in the lock's round trip
+    (None: not read there; the close reads it when it needs it)."""
+
+    health: dict[Any, ProviderHealthState] | None = None  # the turn's providers' rows
+    fact_payloads: list[Any] | None = None  # the run's logged facts (R6.3)
+    waiting: list[sql.Row] | None = None  # the thread's next parked turn
+
+
+def _hold_and_read(
+    stage: Stage | None, run: Run, conclusion: StageConclusion, context: TurnContext | None
+) -> tuple[Run, _CloseReads]:
+    """:func:`_hold`, and in the same round trip the reads the close makes under
+    that lock: the health rows its breaker moves start from, the run's facts its
+    decision reads, the turn parked behind it. Each is the statement the close
+    made on its own before; they are sent behind the locking read, so they run
+    once its locks are held."""
+    if stage is None:
+        return _hold(None, run), _CloseReads()
+    with sql.together():
+        held = _hold_later(stage)
+        health = (
+            health_rows_later(context.providers[m.provider_id] for m in conclusion.health)
+            if conclusion.turn is not None and context is not None and conclusion.health
+            else None
+        )
+        facts = fact_payloads_later(run.id)
+        waiting = waiting_turn_later(run.thread_id) if stage.kind in MODEL_STAGES else None
+    # Read after the block: its end is the one round trip.
+    return held.value(), _CloseReads(
+        health=health.value() if health is not None else None,
+        fact_payloads=facts.value(),
+        waiting=waiting.value() if waiting is not None else None,
+    )
 
 
 def close_stage(
@@ -413,7 +477,7 @@ def close_stage(
     """
     run = run if run is not None else stage.run
     with transaction.atomic():
-        locked = _hold(stage, run)
+        locked, reads = _hold_and_read(stage, run, conclusion, context)
         run.decisions, run.phase, run.status = locked.decisions, locked.phase, locked.status
         run.last_progress_at = locked.last_progress_at
         segment = context.segment if context is not None else run.segment
@@ -425,7 +489,9 @@ def close_stage(
                 run=run, stage=stage, segment=segment, outcome=conclusion.turn,
                 attempts=attempt_rows(conclusion.attempts, providers), now=now, events=events,
             )  # fmt: skip
-            apply_health_moves(providers, conclusion.health, now, rng=random.Random())
+            apply_health_moves(
+                providers, conclusion.health, now, rng=random.Random(), read=reads.health
+            )
             for provider_id, digest in conclusion.turn_refusals:
                 remember_turn_refusal(providers[provider_id], digest, now)
         for receipt in conclusion.receipts:
@@ -478,8 +544,10 @@ def close_stage(
                 run.last_progress_at = progress
             if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
                 # The thread's turn is free again (its row is locked by _hold when a stage closes).
-                wake_next_turn(run.thread_id, now, thread_locked=stage is not None)
-            closed.decision = decision = _decide(run, stage, conclusion, now)
+                wake_next_turn(
+                    run.thread_id, now, thread_locked=stage is not None, found=reads.waiting
+                )
+            closed.decision = decision = _decide(run, stage, conclusion, now, reads.fact_payloads)
             if decision.path is lc.Path.SETTLE:
                 row, created = settlement_row(
                     run, decision.settlement, now, events, known_absent=run.phase != "settled"
@@ -511,11 +579,15 @@ def _decide(
     stage: Stage | None,
     conclusion: StageConclusion,
     now: datetime,
+    fact_payloads: list[Any] | None = None,
 ) -> lc.Decision:
     """Ask the lifecycle (R6.3) with every fact recorded — this stage's too,
     written in the same transaction — and start what it allows."""
     # The run row is locked and fresh: only a settled run has a settlement to read.
-    facts = run_facts(run, extra=conclusion.facts, read_settlement=run.phase == "settled")
+    facts = run_facts(
+        run, extra=conclusion.facts, read_settlement=run.phase == "settled",
+        payloads=fact_payloads,
+    )  # fmt: skip
     if lc.needs_recovery_conditions(facts.facts):
         facts = lc.RunFacts(
             run_id=facts.run_id, goal=facts.goal, facts=facts.facts, phase=facts.phase,

@@ -115,3 +115,53 @@ def test_a_poll_of_a_runs_detail_is_seven_plain_statements(api, scripted_provide
     # Once dashboard.asgi is imported, this process's span store writes the stage's
     # spans from its own thread: written now, they leave with this test's rows.
     getattr(trace.get_tracer_provider(), "force_flush", lambda: True)()
+
+
+# What psycopg waits on the server for: a statement outside a pipeline, a
+# pipeline's flush or sync, a commit. Queuing a statement in a pipeline is not one.
+ROUND_TRIP_GENERATORS = {"_fetch_gen", "_sync_gen", "_exit_gen", "_commit_gen", "_rollback_gen"}
+
+
+def test_a_single_turn_close_is_four_round_trips(monkeypatch):
+    """The closing transaction's reads go with its locking read, its writes in
+    one pipeline: BEGIN with the lock and the reads, the attempt, the writes with
+    the settlement, COMMIT."""
+    import psycopg
+
+    monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
+    Provider.objects.create(provider_id="counted", kind="scripted", model="m", script=ANSWER)
+    trips: list[list[str]] = []  # per close: what psycopg waited on the server for
+    closing = False
+    real_wait, real_close = psycopg.Connection.wait, stage_service.close_stage
+
+    def counted_wait(self, gen, *args, **kwargs):
+        name = getattr(gen, "__name__", "")
+        pipelined = self._pipeline is not None
+        if closing and (
+            name in ROUND_TRIP_GENERATORS or (name == "_execute_gen" and not pipelined)
+        ):
+            trips[-1].append(name)
+        return real_wait(self, gen, *args, **kwargs)
+
+    def counted_close(*args, **kwargs):
+        nonlocal closing
+        trips.append([])
+        closing = True
+        try:
+            return real_close(*args, **kwargs)
+        finally:
+            closing = False
+
+    monkeypatch.setattr(psycopg.Connection, "wait", counted_wait)
+    monkeypatch.setattr(stage_service, "close_stage", counted_close)
+    for attempt in range(2):  # the second run finds the provider's health row
+        thread = threads.create_thread(provider_chain=["counted"], now=time_source.now())
+        run, stage, _ = runs.submit_run(
+            thread, input="What is six times seven?", now=time_source.now(),
+            idempotency_key=f"trips-{attempt}",
+        )  # fmt: skip
+        assert run_stage(stage.id) == "accepted"
+    assert len(trips) == 2
+    assert Run.objects.get(id=run.id).status == Run.Status.SETTLED
+    if connection.vendor == "postgresql":  # SQLite has no round trips to count
+        assert len(trips[-1]) == 4, trips[-1]
