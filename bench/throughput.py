@@ -739,6 +739,7 @@ def warm_up(client: Client) -> None:
 
 def lone_phase(client: Client, count: int, *, poll: bool = False) -> dict:
     threads = [client.create_thread() for _ in range(count)]
+    log(f"lone: {count} threads created")
     run_ids, settle_ms, submit_ms, polls, walls = [], [], [], [], []
     for thread_id in threads:
         wall = time.time()  # the server's timestamps are on this machine's wall clock
