@@ -127,7 +127,8 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
 
 def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
     # On PostgreSQL the claim's writes, the gate's question and the turn's reads
-    # go in one round trip after the claim's read (statements.together).
+    # go in one round trip after the claim's read (statements.together): the
+    # block's end, after which their answers are read.
     with sql.together():
         stage = claim_stage(stage_id, now, lease=lease())
         if stage is None:
@@ -151,14 +152,15 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
             deadline_at=run.deadline_at,
         )
         reads = None if stopping else _turn_reads(run, stage.seq, now)
-        in_flight = any(claim_rules.turn_in_flight(r.lease_until, now) for r in other_turns.value())
-        if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
-            sql.update(
-                Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
-            )
-            stage.holder, stage.parked_at = "", now
-            return StageStart(stage, waiting=True)
-        return StageStart(stage, context=reads() if reads is not None else None)
+    in_flight = any(claim_rules.turn_in_flight(r.lease_until, now) for r in other_turns.value())
+    if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
+        # Still in the claim's transaction (the caller's): the thread stays locked.
+        sql.update(
+            Stage, {"id": stage.id}, claimed_at=None, holder="", lease_until=None, parked_at=now
+        )
+        stage.holder, stage.parked_at = "", now
+        return StageStart(stage, waiting=True)
+    return StageStart(stage, context=reads() if reads is not None else None)
 
 
 @cache
@@ -253,8 +255,10 @@ class TurnContext:
 
 def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
     """What a model turn reads, in one read transaction (the claim's, when called in it)."""
-    with transaction.atomic(savepoint=False), sql.together():
-        return _turn_reads(run, stage_seq, now)()
+    with transaction.atomic(savepoint=False):
+        with sql.together():
+            context = _turn_reads(run, stage_seq, now)
+        return context()  # the block's end was the round trip
 
 
 def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnContext]:

@@ -122,46 +122,71 @@ def test_a_poll_of_a_runs_detail_is_seven_plain_statements(api, scripted_provide
 ROUND_TRIP_GENERATORS = {"_fetch_gen", "_sync_gen", "_exit_gen", "_commit_gen", "_rollback_gen"}
 
 
-def test_a_single_turn_close_is_four_round_trips(monkeypatch):
-    """The closing transaction's reads go with its locking read, its writes in
-    one pipeline: BEGIN with the lock and the reads, the attempt, the writes with
-    the settlement, COMMIT."""
+@contextmanager
+def round_trips(monkeypatch, module, name: str) -> Iterator[list[list[str]]]:
+    """Per call of ``module.name`` inside the block: what psycopg waited on the
+    server for (psycopg's private generators, by name). A transaction's BEGIN
+    is one, in a pipeline too (psycopg syncs it before the first statement)."""
     import psycopg
+    from psycopg import pq
+    from psycopg._connection_base import BaseConnection
 
-    monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
-    Provider.objects.create(provider_id="counted", kind="scripted", model="m", script=ANSWER)
-    trips: list[list[str]] = []  # per close: what psycopg waited on the server for
-    closing = False
-    real_wait, real_close = psycopg.Connection.wait, stage_service.close_stage
+    calls: list[list[str]] = []
+    inside = False
+    real_wait, real_start = psycopg.Connection.wait, BaseConnection._start_query
+    real_call = getattr(module, name)
 
-    def counted_wait(self, gen, *args, **kwargs):
-        name = getattr(gen, "__name__", "")
-        pipelined = self._pipeline is not None
-        if closing and (
-            name in ROUND_TRIP_GENERATORS or (name == "_execute_gen" and not pipelined)
+    def wait(self, gen, *args, **kwargs):
+        called = getattr(gen, "__name__", "")
+        if inside and (
+            called in ROUND_TRIP_GENERATORS or (called == "_execute_gen" and self._pipeline is None)
         ):
-            trips[-1].append(name)
+            calls[-1].append(called)
         return real_wait(self, gen, *args, **kwargs)
 
-    def counted_close(*args, **kwargs):
-        nonlocal closing
-        trips.append([])
-        closing = True
-        try:
-            return real_close(*args, **kwargs)
-        finally:
-            closing = False
+    def start_query(self):
+        if (
+            inside
+            and not self._autocommit
+            and self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        ):
+            calls[-1].append("BEGIN")
+        return (yield from real_start(self))
 
-    monkeypatch.setattr(psycopg.Connection, "wait", counted_wait)
-    monkeypatch.setattr(stage_service, "close_stage", counted_close)
-    for attempt in range(2):  # the second run finds the provider's health row
-        thread = threads.create_thread(provider_chain=["counted"], now=time_source.now())
-        run, stage, _ = runs.submit_run(
-            thread, input="What is six times seven?", now=time_source.now(),
-            idempotency_key=f"trips-{attempt}",
-        )  # fmt: skip
-        assert run_stage(stage.id) == "accepted"
-    assert len(trips) == 2
+    def counted(*args, **kwargs):
+        nonlocal inside
+        calls.append([])
+        inside = True
+        try:
+            return real_call(*args, **kwargs)
+        finally:
+            inside = False
+
+    monkeypatch.setattr(psycopg.Connection, "wait", wait)
+    monkeypatch.setattr(BaseConnection, "_start_query", start_query)
+    monkeypatch.setattr(module, name, counted)
+    yield calls
+
+
+def test_a_single_turn_claim_and_close_are_four_and_five_round_trips(monkeypatch):
+    """The claim: BEGIN, the locking read, its writes with the gate's question and
+    the turn's reads, COMMIT. The close: BEGIN, the locking read with the reads
+    made under its lock, the attempt, the writes with the settlement, COMMIT."""
+    monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
+    Provider.objects.create(provider_id="counted", kind="scripted", model="m", script=ANSWER)
+    with (
+        round_trips(monkeypatch, stage_service, "start_stage") as claims,
+        round_trips(monkeypatch, stage_service, "close_stage") as closes,
+    ):
+        for attempt in range(2):  # the second run finds the provider's health row
+            thread = threads.create_thread(provider_chain=["counted"], now=time_source.now())
+            run, stage, _ = runs.submit_run(
+                thread, input="What is six times seven?", now=time_source.now(),
+                idempotency_key=f"trips-{attempt}",
+            )  # fmt: skip
+            assert run_stage(stage.id) == "accepted"
+    assert len(claims) == len(closes) == 2
     assert Run.objects.get(id=run.id).status == Run.Status.SETTLED
     if connection.vendor == "postgresql":  # SQLite has no round trips to count
-        assert len(trips[-1]) == 4, trips[-1]
+        assert claims[-1] == ["BEGIN", "_fetch_gen", "_exit_gen", "_commit_gen"], claims
+        assert len(closes[-1]) == 5 and closes[-1][0] == "BEGIN", closes
