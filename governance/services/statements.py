@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import AutoField, BigAutoField, Field, Model, SmallAutoField
+from django.db.models.constants import OnConflict
 from django.db.models.fields.related_descriptors import ReverseOneToOneDescriptor
 
 Row = tuple[Any, ...]
@@ -60,20 +61,27 @@ def lock_clause(*aliases: str) -> str:
     return " FOR UPDATE"
 
 
-def _db():
-    """This thread's default connection itself: ``django.db.connection`` is a proxy
-    that looks it up on every attribute, and a row's values pass it to each
-    field's preparation and converter (about 90 lookups in a stage's close)."""
-    return connections[DEFAULT_DB_ALIAS]
+def _db(using: str = DEFAULT_DB_ALIAS):
+    """This thread's connection itself: ``django.db.connection`` is a proxy that
+    looks it up on every attribute, and a row's values pass it to each field's
+    preparation and converter (about 90 lookups in a stage's close)."""
+    return connections[using]
 
 
 class Later(Generic[T]):
     """A read sent now whose rows are read, and built into a value, when first
     asked for: inside :func:`together` several reads share one round trip."""
 
-    def __init__(self, sql: str, params: Sequence[Any], build: Callable[[list[Row]], T]):
+    def __init__(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        build: Callable[[list[Row]], T],
+        *,
+        using: str = DEFAULT_DB_ALIAS,
+    ):
         self._build, self._built = build, False
-        self._cursor = connection.cursor()
+        self._cursor = connections[using].cursor()
         self._cursor.execute(sql, params)
 
     def value(self) -> T:
@@ -124,10 +132,10 @@ def together() -> Iterator[None]:
         stack.pop()
 
 
-def execute(sql: str, params: Sequence[Any] = ()) -> int:
+def execute(sql: str, params: Sequence[Any] = (), *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Run a statement; the number of rows it changed (-1 inside :func:`together`:
     not known until the block's round trip)."""
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
@@ -248,22 +256,39 @@ def cache_related(instance: Model, name: str, related: Model | None) -> None:
         descriptor.field.set_cached_value(instance, related)
 
 
-def insert(rows: Sequence[Model]) -> None:
+def insert(
+    rows: Sequence[Model], *, ignore_conflicts: bool = False, using: str = DEFAULT_DB_ALIAS
+) -> None:
     """INSERT new instances of one model in one statement, as ``bulk_create``
-    would (``pre_save`` fills auto_now fields; an auto primary key comes back)."""
+    would (``pre_save`` fills auto_now fields; an auto primary key comes back).
+    ``ignore_conflicts``: a row that collides with one stored is left out, and
+    no key comes back (``bulk_create(ignore_conflicts=True)``); as many
+    statements as the database's limit on parameters needs (SQLite's)."""
     if not rows:
         return
     model = type(rows[0])
     meta = model._meta
     auto = isinstance(meta.pk, _AUTO) and getattr(rows[0], meta.pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (auto and f.primary_key)]
+    db = _db(using)
+    if ignore_conflicts:
+        size = max(1, db.ops.bulk_batch_size(fields, rows))
+        attnames = tuple(f.attname for f in fields)
+        for begin in range(0, len(rows), size):
+            batch = rows[begin : begin + size]
+            params = [
+                f.get_db_prep_save(f.pre_save(row, add=True), db) for row in batch for f in fields
+            ]
+            execute(_insert_ignoring_sql(model, attnames, len(batch), using), params, using=using)
+            for row in batch:
+                row._state.adding, row._state.db = False, db.alias
+        return
     sql = _insert_sql(model, tuple(f.attname for f in fields), len(rows), auto)
-    db = _db()
     params = [f.get_db_prep_save(f.pre_save(row, add=True), db) for row in rows for f in fields]
     for row in rows:
         row._state.adding, row._state.db = False, db.alias
     if not auto:
-        execute(sql, params)
+        execute(sql, params, using=using)
         return
 
     def keys(found: list[Row]) -> None:
@@ -276,6 +301,21 @@ def insert(rows: Sequence[Model]) -> None:
         blocks[-1].append(inserted)  # read with the block's last round trip
     else:
         inserted.value()
+
+
+@cache
+def _insert_ignoring_sql(
+    model: type[Model], attnames: tuple[str, ...], count: int, using: str
+) -> str:
+    """INSERT … that leaves out a row colliding with a stored one, in the database's words."""
+    ops, meta = connections[using].ops, model._meta
+    fields = [meta.get_field(a) for a in attnames]
+    names = ", ".join(ops.quote_name(f.column) for f in fields)
+    group = f"({placeholders(len(attnames))})"
+    start = ops.insert_statement(on_conflict=OnConflict.IGNORE)
+    suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None)
+    values = ", ".join([group] * count)
+    return f"{start} {ops.quote_name(meta.db_table)} ({names}) VALUES {values} {suffix}".rstrip()
 
 
 @cache

@@ -21,6 +21,7 @@ from governance.models import (
     ProviderHealthState,
     Run,
     RunEvent,
+    SpanRecord,
     Stage,
     Thread,
 )
@@ -94,6 +95,36 @@ def test_insert_of_several_rows_keeps_their_order_and_json():
     assert [e.pk for e in events] == sorted(e.pk for e in events)
     stored = RunEvent.objects.filter(pk__in=[e.pk for e in events]).order_by("id")
     assert [e.metadata for e in stored] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def _spans(first: int, count: int) -> list[SpanRecord]:
+    at = time_source.now()
+    return [
+        SpanRecord(
+            trace_id=f"{i:032x}",
+            span_id=f"{i:016x}",
+            name="s",
+            start=at,
+            end=at,
+            status="ok",
+            attributes={"n": i},
+            component="w",
+        )
+        for i in range(first, first + count)
+    ]
+
+
+def test_insert_ignoring_conflicts_leaves_out_stored_rows_in_one_statement(
+    django_assert_num_queries,
+):
+    """R6.1: the span store's insert writes what ``bulk_create(ignore_conflicts=True)``
+    wrote: a row colliding with a stored one is left out, the rest written."""
+    sql.insert(_spans(0, 3), ignore_conflicts=True)
+    with django_assert_num_queries(1):
+        sql.insert(_spans(1, 5), ignore_conflicts=True)
+    stored = SpanRecord.objects.order_by("span_id")
+    assert [r.attributes["n"] for r in stored] == [0, 1, 2, 3, 4, 5]
+    assert stored.filter(span_id=f"{1:016x}").count() == 1
 
 
 def test_update_matches_on_equality_and_null_and_counts_rows():
@@ -172,6 +203,20 @@ SQLITE_RUN = textwrap.dedent(
     assert run.chunks.get().text == "The answer is 42."
     assert ProviderAttempt.objects.filter(run=run, result="accepted").count() == 1
     assert BudgetEntry.objects.filter(account__run=run).count() == 1
+    # The span store's insert: more rows than one SQLite statement takes, some stored already.
+    from datetime import UTC, datetime
+    from governance.models import SpanRecord
+    from governance.services import statements as sql
+    at = datetime.now(UTC)
+    def spans(first, count):
+        return [
+            SpanRecord(trace_id=f"{i:032x}", span_id=f"{i:016x}", name="s", start=at, end=at,
+                       status="ok", attributes={"n": i}, component="w")
+            for i in range(first, first + count)
+        ]
+    sql.insert(spans(0, 300), ignore_conflicts=True)
+    sql.insert(spans(200, 200), ignore_conflicts=True)
+    assert SpanRecord.objects.count() == 400, SpanRecord.objects.count()
     print("sqlite run settled")
     """
 )
