@@ -386,23 +386,17 @@ def _last_turn_increment(run: Run, stage: Stage | None) -> list[dict[str, Any]]:
     return list(last.payload.get("increment", [])) if last else []
 
 
-def _hold(stage: Stage | None, run: Run) -> Run:
-    """Lock the run (and the stage) for the close; returns the run's current row
-    (the fields a close reads: decisions, phase, status, last progress).
+def _hold_later(stage: Stage) -> sql.Later[Run]:
+    """Lock the stage, its run and its thread for the close; its value is the
+    run's current row (the fields a close reads: decisions, phase, status, last
+    progress). Sent now: inside ``statements.together`` the reads sent after it
+    run once its locks are held.
 
     Fencing: only the holder of the current claim may close the stage. A
     worker that was taken over while it waited on a provider (its heartbeat
     stalled past the lease) finds another holder here, and its whole closing
     transaction rolls back.
     """
-    if stage is None:
-        return Run.objects.select_for_update().get(id=run.id)
-    return _hold_later(stage).value()
-
-
-def _hold_later(stage: Stage) -> sql.Later[Run]:
-    """:func:`_hold` of a stage, sent now (inside ``statements.together``: the
-    reads after it in the same round trip run once its locks are held)."""
     # The thread is locked too: a model turn's close wakes the next turn (wake_next_turn).
     text, shape = _hold_sql()
 
@@ -440,13 +434,13 @@ class _CloseReads:
 def _hold_and_read(
     stage: Stage | None, run: Run, conclusion: StageConclusion, context: TurnContext | None
 ) -> tuple[Run, _CloseReads]:
-    """:func:`_hold`, and in the same round trip the reads the close makes under
-    that lock: the health rows its breaker moves start from, the run's facts its
-    decision reads, the turn parked behind it. Each is the statement the close
-    made on its own before; they are sent behind the locking read, so they run
-    once its locks are held."""
+    """The close's locks (:func:`_hold_later`), and in the same round trip the
+    reads the close makes under them: the health rows its breaker moves start
+    from, the run's facts its decision reads, the turn parked behind it. A fact
+    from outside any stage (``stage`` None) locks the run alone and reads these
+    when it needs them."""
     if stage is None:
-        return _hold(None, run), _CloseReads()
+        return Run.objects.select_for_update().get(id=run.id), _CloseReads()
     with sql.together():
         held = _hold_later(stage)
         health = (
@@ -547,7 +541,7 @@ def close_stage(
             if progress > run.last_progress_at:
                 run.last_progress_at = progress
             if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
-                # The thread's turn is free again (its row is locked by _hold when a stage closes).
+                # The thread's turn is free again (a stage's close holds its row: _hold_later).
                 wake_next_turn(
                     run.thread_id, now, thread_locked=stage is not None, found=reads.waiting
                 )

@@ -295,7 +295,7 @@ def insert(
         for row, (pk,) in zip(rows, found, strict=True):
             setattr(row, meta.pk.attname, pk)
 
-    inserted = Later(sql, params, keys)
+    inserted = Later(sql, params, keys, using=using)
     blocks = _blocks.__dict__.get("stack")
     if blocks:
         blocks[-1].append(inserted)  # read with the block's last round trip
