@@ -81,7 +81,7 @@ class Later(Generic[T]):
         using: str = DEFAULT_DB_ALIAS,
     ):
         self._build, self._built = build, False
-        self._cursor = connections[using].cursor()
+        self._cursor = _db(using).cursor()
         self._cursor.execute(sql, params)
 
     def value(self) -> T:
@@ -135,7 +135,7 @@ def together() -> Iterator[None]:
 def execute(sql: str, params: Sequence[Any] = (), *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Run a statement; the number of rows it changed (-1 inside :func:`together`:
     not known until the block's round trip)."""
-    with connections[using].cursor() as cursor:
+    with _db(using).cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
@@ -270,23 +270,17 @@ def insert(
     meta = model._meta
     auto = isinstance(meta.pk, _AUTO) and getattr(rows[0], meta.pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (auto and f.primary_key)]
+    attnames = tuple(f.attname for f in fields)
     db = _db(using)
     if ignore_conflicts:
         size = max(1, db.ops.bulk_batch_size(fields, rows))
-        attnames = tuple(f.attname for f in fields)
         for begin in range(0, len(rows), size):
             batch = rows[begin : begin + size]
-            params = [
-                f.get_db_prep_save(f.pre_save(row, add=True), db) for row in batch for f in fields
-            ]
-            execute(_insert_ignoring_sql(model, attnames, len(batch), using), params, using=using)
-            for row in batch:
-                row._state.adding, row._state.db = False, db.alias
+            sql = _insert_sql(model, attnames, len(batch), False, True, using)
+            execute(sql, _prepared(batch, fields, db), using=using)
         return
-    sql = _insert_sql(model, tuple(f.attname for f in fields), len(rows), auto)
-    params = [f.get_db_prep_save(f.pre_save(row, add=True), db) for row in rows for f in fields]
-    for row in rows:
-        row._state.adding, row._state.db = False, db.alias
+    sql = _insert_sql(model, attnames, len(rows), auto, False, using)
+    params = _prepared(rows, fields, db)
     if not auto:
         execute(sql, params, using=using)
         return
@@ -303,28 +297,38 @@ def insert(
         inserted.value()
 
 
+def _prepared(rows: Sequence[Model], fields: Sequence[Field], db) -> list[Any]:
+    """The rows' values as their fields prepare them for ``db``; the rows count
+    as saved there from now on."""
+    params = [f.get_db_prep_save(f.pre_save(row, add=True), db) for row in rows for f in fields]
+    for row in rows:
+        row._state.adding, row._state.db = False, db.alias
+    return params
+
+
 @cache
-def _insert_ignoring_sql(
-    model: type[Model], attnames: tuple[str, ...], count: int, using: str
+def _insert_sql(
+    model: type[Model],
+    attnames: tuple[str, ...],
+    count: int,
+    returning: bool,
+    ignore_conflicts: bool,
+    using: str,
 ) -> str:
-    """INSERT … that leaves out a row colliding with a stored one, in the database's words."""
+    """INSERT of ``count`` rows, in the database's words (``ignore_conflicts``:
+    ON CONFLICT DO NOTHING, SQLite's INSERT OR IGNORE)."""
     ops, meta = connections[using].ops, model._meta
     fields = [meta.get_field(a) for a in attnames]
+    on_conflict = OnConflict.IGNORE if ignore_conflicts else None
     names = ", ".join(ops.quote_name(f.column) for f in fields)
     group = f"({placeholders(len(attnames))})"
-    start = ops.insert_statement(on_conflict=OnConflict.IGNORE)
-    suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None)
-    values = ", ".join([group] * count)
-    return f"{start} {ops.quote_name(meta.db_table)} ({names}) VALUES {values} {suffix}".rstrip()
-
-
-@cache
-def _insert_sql(model: type[Model], attnames: tuple[str, ...], count: int, returning: bool) -> str:
-    meta = model._meta
-    names = ", ".join(quote(meta.get_field(a).column) for a in attnames)
-    group = f"({placeholders(len(attnames))})"
-    sql = f"INSERT INTO {table(model)} ({names}) VALUES {', '.join([group] * count)}"
-    return sql + (f" RETURNING {quote(meta.pk.column)}" if returning else "")
+    sql = (
+        f"{ops.insert_statement(on_conflict=on_conflict)} {ops.quote_name(meta.db_table)}"
+        f" ({names}) VALUES {', '.join([group] * count)}"
+    )
+    if on_conflict is not None:
+        sql += f" {ops.on_conflict_suffix_sql(fields, on_conflict, None, None)}".rstrip()
+    return sql + (f" RETURNING {ops.quote_name(meta.pk.column)}" if returning else "")
 
 
 def update(model: type[Model], where: Mapping[str, Any], **values: Any) -> int:
