@@ -8,6 +8,10 @@ import threading
 
 import pytest
 from asgiref.sync import SyncToAsync, iscoroutinefunction
+from django.core import signals
+from django.http import JsonResponse, StreamingHttpResponse
+from django.test import override_settings
+from django.urls import path
 
 from dashboard.asgi import application, django_application
 
@@ -81,9 +85,10 @@ def test_an_api_request_crosses_into_a_thread_for_the_chain_not_per_middleware()
     status, body, hops = _asgi_get("/api/v1/no-such-address")
     assert status == 404
     assert "error" in body
-    # request_started, the chain with its view, response.close: Django's own
-    # async chain crossed twice per built-in middleware (over a dozen).
-    assert hops <= 3, hops
+    # One: request_started, the chain with its view and response.close go in
+    # the same crossing. Django's own handler crossed three times, its async
+    # chain twice more per built-in middleware (over a dozen).
+    assert hops == 1, hops
 
 
 @pytest.mark.django_db(transaction=True)
@@ -113,3 +118,106 @@ def test_requests_at_the_same_time_each_have_a_thread_of_their_own(chain_threads
 
     assert [status for status, _ in asyncio.run(two_at_once())] == [404, 404]
     assert len(set(chain_threads)) == 2, chain_threads
+
+
+# --------------------------------------------------------------------------- signals, streams
+
+EVENTS: list = []  # what the handler and the views below did, in order
+STREAM_GO_ON = threading.Event()  # the stream's second part may be sent
+
+
+def _json_view(request):
+    EVENTS.append(("view", threading.get_ident()))
+    return JsonResponse({"ok": True})
+
+
+async def _stream_view(request):
+    async def body():
+        try:
+            yield b"first "
+            while not STREAM_GO_ON.is_set():
+                await asyncio.sleep(0.005)
+            yield b"second"
+        finally:
+            EVENTS.append(("body ended", None))
+
+    return StreamingHttpResponse(body(), content_type="text/plain")
+
+
+urlpatterns = [path("json", _json_view), path("stream", _stream_view)]
+
+
+@pytest.fixture
+def recorded_signals():
+    EVENTS.clear()
+    STREAM_GO_ON.clear()
+
+    def started(**kwargs):
+        EVENTS.append(("request_started", threading.get_ident()))
+
+    def finished(**kwargs):
+        EVENTS.append(("request_finished", threading.get_ident()))
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        with override_settings(ROOT_URLCONF=__name__):
+            yield EVENTS
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+
+
+async def _exchange(path: str, leave_after_first_part: bool = False) -> list[dict]:
+    """One GET through the ASGI entry; the messages sent, with EVENTS interleaved."""
+    sent: list = []
+    body = [{"type": "http.request", "body": b"", "more_body": False}]
+    gone = asyncio.get_running_loop().create_future()
+
+    async def receive():
+        return body.pop() if body else await gone
+
+    async def send(message):
+        sent.append(message)
+        EVENTS.append(("sent", message.get("body")))
+        if leave_after_first_part and message.get("body") == b"first ":
+            gone.set_result({"type": "http.disconnect"})
+        elif message.get("body") == b"first ":
+            STREAM_GO_ON.set()
+
+    await asyncio.wait_for(application(_scope(path), receive, send), 10)
+    if not gone.done():
+        gone.cancel()
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_json_answer_is_made_and_closed_in_the_requests_thread(recorded_signals):
+    asyncio.run(_exchange("/json"))
+    kinds = [kind for kind, _ in recorded_signals]
+    # Closed (request_finished: its connection handed back) before it is sent.
+    assert kinds == ["request_started", "view", "request_finished", "sent", "sent"], kinds
+    threads = {ident for kind, ident in recorded_signals if kind != "sent"}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_streaming_answer_is_closed_after_its_body(recorded_signals):
+    sent = asyncio.run(_exchange("/stream"))
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"first second"
+    assert sent[-1] == {"type": "http.response.body"}  # the closing message
+    kinds = [kind for kind, _ in recorded_signals]
+    assert kinds.index("request_finished") > max(
+        i for i, kind in enumerate(kinds) if kind == "sent"
+    ), kinds
+    assert kinds.count("request_finished") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_that_leaves_ends_its_stream(recorded_signals):
+    sent = asyncio.run(_exchange("/stream", leave_after_first_part=True))
+    assert [m.get("body") for m in sent[1:]] == [b"first "]  # nothing after it left
+    kinds = [kind for kind, _ in recorded_signals]
+    assert "body ended" in kinds
+    assert kinds[-1] == "request_finished", kinds  # still closed, once
+    assert kinds.count("request_finished") == 1
