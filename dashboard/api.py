@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -547,6 +548,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
             found = {"error": {"field": None, "message": "no such run (deleted)"}}
         return JsonResponse(found).content
 
+    looked_at = time.monotonic()
     settled = run_is_settled(key)  # one small read: exists, settled
     if settled is None:
         raise ApiError(404, None, "no such run")
@@ -557,7 +559,12 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     final_answer = partial(answer, settled_only=False)
     body = (
         run_waits.answer_when_settled(
-            str(key), wait_s, settled_now, partial(answer, settled_only=True), final_answer
+            str(key),
+            wait_s,
+            settled_now,
+            partial(answer, settled_only=True),
+            final_answer,
+            looked_at=looked_at,
         )
         if isinstance(request, ASGIRequest)
         else run_waits.answer_when_settled_sync(wait_s, settled_now, final_answer)

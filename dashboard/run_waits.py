@@ -13,7 +13,9 @@ requests waiting for that run. The notification is a prompt, not a fact: a
 woken request reads the database, and every waiting request looks again (one
 small read: settled or not) every ``RECHECK_S`` anyway, so a lost connection, a
 settlement committed before the ``LISTEN`` or SQLite (which has no NOTIFY)
-delays an answer by at most that.
+delays an answer by at most that. The listener remembers what it heard for
+``HEARD_KEEP_S``: the view's own look, made before its request watched, still
+counts when a settlement heard in between is remembered (no second look).
 Under a WSGI server (runserver, the tests' live server) the request polls.
 """
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import logging
+import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -39,6 +43,7 @@ RECHECK_S = 2.0  # a waiting request reads its run this often, heard or not
 POLL_S = 0.05  # without a listener (SQLite, WSGI, while it connects): read this often
 LINGER_S = 60.0  # the listener's connection stays this long with nobody waiting
 RETRY_MAX_S = 10.0  # the longest pause before connecting again after a failure
+HEARD_KEEP_S = 10.0  # a settlement heard is remembered this long (ms would do)
 
 
 class _Listener:
@@ -47,7 +52,24 @@ class _Listener:
     def __init__(self) -> None:
         self.waiting: dict[str, set[asyncio.Event]] = {}
         self.listening = False  # LISTEN is in place: a notification will be heard
+        self.listening_since: float | None = None  # since when, without a break
+        self.heard: dict[str, float] = {}  # run id → when heard, oldest first
         self.task: asyncio.Task | None = None
+
+    def heard_after(self, run_id: str, since: float) -> bool | None:
+        """Whether ``run_id``'s settlement was heard after ``since`` (monotonic);
+        None when one could have been missed: not listening since before it."""
+        if not self.listening or self.listening_since is None or self.listening_since > since:
+            return None
+        return self.heard.get(run_id, -math.inf) >= since
+
+    def _remember(self, run_id: str, now: float) -> None:
+        self.heard.pop(run_id, None)  # moved to the end: the dict stays in time order
+        self.heard[run_id] = now
+        for oldest, at in list(itertools.islice(self.heard.items(), 8)):
+            if now - at <= HEARD_KEEP_S:
+                break
+            del self.heard[oldest]
 
     @contextlib.contextmanager
     def watch(self, run_id: str) -> Iterator[asyncio.Event]:
@@ -78,6 +100,7 @@ class _Listener:
                     ) as listen:
                         await listen.execute(f"LISTEN {RUN_SETTLED_CHANNEL}")
                         self.listening, pause = True, 0.2
+                        self.listening_since = time.monotonic()
                         if await self._hear(listen):
                             # Nobody waited for LINGER_S. Retired before the
                             # connection's close is awaited: a request arriving
@@ -87,7 +110,7 @@ class _Listener:
                 except (psycopg.Error, OSError) as exc:
                     log.warning("run waits: listening for settlements failed: %s", exc)
                 if self.task is me:
-                    self.listening = False
+                    self.listening, self.listening_since = False, None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
         finally:
@@ -95,13 +118,14 @@ class _Listener:
 
     def _retire(self, task: asyncio.Task | None) -> None:
         if self.task is task:
-            self.task, self.listening = None, False
+            self.task, self.listening, self.listening_since = None, False, None
 
     async def _hear(self, listen: psycopg.AsyncConnection) -> bool:
         """Wake the waiters of each settled run; True once nobody waited for LINGER_S."""
         idle_since = None
         while True:
             async for note in listen.notifies(timeout=min(LINGER_S, 1.0) or 0.01):
+                self._remember(note.payload, time.monotonic())
                 for heard in self.waiting.get(note.payload, ()):
                     heard.set()
             if self.waiting:
@@ -129,19 +153,30 @@ async def answer_when_settled(
     settled: Callable[[], bool | None],
     settled_answer: Callable[[], bytes | None],
     answer: Callable[[], bytes],
+    looked_at: float | None = None,
 ) -> AsyncIterator[bytes]:
     """The body of a waiting request: ``answer()`` once ``settled()`` (one small
     read) is not False (the run settled, or is gone), else after ``wait_s``. A
     heard settlement is read with ``settled_answer()`` (None while not settled):
     one read both tells and answers, so the answer costs one trip off the loop;
-    a look without a notification (the first, a recheck, polling) is the small
-    read. All of them read the database off the event loop."""
+    a look without a notification (a recheck, polling) is the small read. All
+    of them read the database off the event loop. ``looked_at``: when the
+    caller's own look, which found the run unsettled, began (monotonic); it
+    stands if the listener has listened since before it."""
     deadline = time.monotonic() + wait_s
     listener = _listener()
     body = None
     with listener.watch(run_id) as heard:
-        # Watching before this first look: a settlement committed after it is heard.
-        looked = await off_loop(settled)()
+        # Watching before the first look: a settlement committed after it is
+        # heard. The caller's look came before the watch; it stands when nothing
+        # since could have been missed, and a settlement heard since is answered.
+        heard_since = None if looked_at is None else listener.heard_after(run_id, looked_at)
+        if heard_since is None:
+            looked = await off_loop(settled)()
+        else:
+            looked = False
+            if heard_since:
+                heard.set()
         while looked is False:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -275,3 +275,92 @@ def test_a_lost_listen_connection_is_opened_again(uvicorn_server, token_user, ru
     _until(lambda: _listener_of(loop).listening)  # connected and listening again
     settle(Run.objects.get(id=run.id))
     assert asking.answer()["status"] == "settled"
+
+
+@pytest.fixture
+def looks(monkeypatch):
+    """Each small look (settled or not) a waiting request makes, in order."""
+    from dashboard import api
+
+    made: list[str] = []
+    look = api.run_is_settled
+
+    def counted(run_id):
+        made.append(str(run_id))
+        return look(run_id)
+
+    monkeypatch.setattr(api, "run_is_settled", counted)
+    return made
+
+
+def _another_run(run) -> Run:
+    """A second run queued on ``run``'s provider, on a thread of its own."""
+    from governance import services
+
+    thread = services.create_thread(provider_chain=["p"], title="t2", now=time_source.now())
+    return services.submit_run(thread, input="and you", now=time_source.now())[0]
+
+
+def _listening(base: str, loop, other_run) -> Asking:
+    """A request left waiting on ``other_run``, so the listener is on LISTEN."""
+    keeping = Asking(base, other_run, 60)
+    _waiting(loop, other_run)
+    return keeping
+
+
+def test_the_views_look_stands_when_the_listener_was_listening(
+    uvicorn_server, token_user, run, looks
+):
+    base, loop = uvicorn_server
+    other = _another_run(run)  # keeps the listener listening
+    keeping = _listening(base, loop, other)
+    looks.clear()
+    asking = Asking(base, run, 60)
+    _until(lambda: str(run.id) in _listener_of(loop).waiting)
+    settle(Run.objects.get(id=run.id))
+    assert asking.answer()["status"] == "settled"
+    assert looks == [str(run.id)]  # the view's look only: the NOTIFY answered
+    settle(Run.objects.get(id=other.id))
+    assert keeping.answer()["status"] == "settled"
+
+
+def test_a_settlement_heard_between_the_look_and_the_watch_is_answered(
+    uvicorn_server, token_user, run, monkeypatch
+):
+    """The view looks (unsettled), the run settles and the listener hears it,
+    then the request starts watching: the remembered notification answers it,
+    not a recheck (120 s away here)."""
+    from dashboard import api
+
+    base, loop = uvicorn_server
+    other = _another_run(run)
+    keeping = _listening(base, loop, other)
+    look = api.run_is_settled
+
+    def look_then_settle(run_id):
+        found = look(run_id)
+        if str(run_id) == str(run.id):
+            settle(Run.objects.get(id=run.id))
+            _until(lambda: str(run.id) in _listener_of(loop).heard)
+        return found
+
+    monkeypatch.setattr(api, "run_is_settled", look_then_settle)
+    asking = Asking(base, run, 60)
+    body = asking.answer()
+    assert body["status"] == "settled" and body["settlement"]["outcome"] == "completed"
+    assert asking.elapsed < 30
+    settle(Run.objects.get(id=other.id))
+    assert keeping.answer()["status"] == "settled"
+
+
+def test_a_look_made_before_the_listener_listened_is_made_again(uvicorn_server, token_user, run):
+    """A notification before LISTEN is lost: the memory does not vouch for it."""
+    base, loop = uvicorn_server
+    other = _another_run(run)
+    keeping = _listening(base, loop, other)
+    listener = _listener_of(loop)
+    assert listener.heard_after(str(run.id), listener.listening_since - 1) is None
+    assert listener.heard_after(str(run.id), listener.listening_since + 1) is False
+    settle(Run.objects.get(id=other.id))
+    assert keeping.answer()["status"] == "settled"
+    assert listener.heard_after(str(other.id), listener.listening_since) is True
