@@ -10,6 +10,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import close_old_connections
 from django.http import FileResponse
 from django.urls import set_script_prefix
 
@@ -91,6 +92,12 @@ class SyncChainASGIHandler(ASGIHandler):
             # The body is in hand: request_finished hands the thread's
             # connection back now, not after one more hop.
             response.close()
+        else:
+            # A stream (a waiting answer, an event stream, an export) can last
+            # minutes: its connection goes back to the pool now, and a body
+            # that reads again in this thread takes one then. Held, eight
+            # waiting clients took a web process's whole pool.
+            close_old_connections()
         return response
 
     async def _stream(self, response, receive, send):

@@ -144,7 +144,28 @@ async def _stream_view(request):
     return StreamingHttpResponse(body(), content_type="text/plain")
 
 
-urlpatterns = [path("json", _json_view), path("stream", _stream_view)]
+def _export_view(request):
+    """A CSV export whose rows are read later, in the request's thread."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    from dashboard.streaming import csv_response
+
+    EVENTS.append(("view", threading.get_ident()))
+    User.objects.count()  # the view's own read: the thread holds a connection
+
+    def rest():
+        EVENTS.append(("rows read", threading.get_ident()))
+        EVENTS.append(("connection held", connection.connection is not None))
+        return [
+            f"{name}\n"
+            for name in User.objects.order_by("username").values_list("username", flat=True)
+        ]
+
+    return csv_response(["username\n"], rest, filename="users.csv")
+
+
+urlpatterns = [path("json", _json_view), path("stream", _stream_view), path("export", _export_view)]
 
 
 @pytest.fixture
@@ -221,3 +242,17 @@ def test_a_client_that_leaves_ends_its_stream(recorded_signals):
     assert "body ended" in kinds
     assert kinds[-1] == "request_finished", kinds  # still closed, once
     assert kinds.count("request_finished") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_hands_its_connection_back_and_a_later_read_takes_one(
+    recorded_signals, django_user_model
+):
+    """A stream can outlast a pool's worth of clients: its thread's connection
+    goes back before the body is sent; rows read later in that thread still read."""
+    django_user_model.objects.create_user("ada", password="unused-password-1")
+    sent = asyncio.run(_exchange("/export"))
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"username\nada\n"
+    view, rows = (ident for kind, ident in recorded_signals if kind in ("view", "rows read"))
+    assert view == rows  # the same thread
+    assert ("connection held", False) in recorded_signals  # handed back, then taken again

@@ -364,3 +364,23 @@ def test_a_look_made_before_the_listener_listened_is_made_again(uvicorn_server, 
     settle(Run.objects.get(id=other.id))
     assert keeping.answer()["status"] == "settled"
     assert listener.heard_after(str(other.id), listener.listening_since) is True
+
+
+def test_waiting_requests_leave_the_connection_pool_to_others(uvicorn_server, token_user, run):
+    """More clients wait than the web process has pooled connections
+    (``DATABASE_POOL_MAX_SIZE``, 8), and a plain read is still answered at once:
+    a waiting request holds no connection while it waits."""
+    from django.conf import settings
+
+    base, loop = uvicorn_server
+    pooled = settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"]
+    count = pooled + 4
+    asking = [Asking(base, run, 60) for _ in range(count)]
+    _until(
+        lambda: (found := _listener_of(loop)) is not None
+        and len(found.waiting.get(str(run.id), ())) == count
+    )
+    response = httpx.get(f"{base}/api/v1/runs/{run.id}", headers=AUTH, timeout=60)
+    assert response.status_code == 200, response.text  # was a 503 after the pool's 10 s
+    settle(Run.objects.get(id=run.id))
+    assert all(one.answer()["status"] == "settled" for one in asking)
