@@ -15,6 +15,9 @@ from django.urls import path
 
 from dashboard.asgi import application, django_application
 
+EVENTS: list = []  # what the handler and the views below did, in order
+STREAM_GO_ON = threading.Event()  # the stream's second part may be sent
+
 
 def _scope(path: str) -> dict:
     return {
@@ -25,20 +28,33 @@ def _scope(path: str) -> dict:
     }  # fmt: skip
 
 
-async def _asgi_call(path: str) -> tuple[int, dict]:
-    """One GET through the ASGI entry on the running loop: status and JSON body."""
-    sent: list[dict] = []
+async def _exchange(path: str, leave_after_first_part: bool = False) -> list[dict]:
+    """One GET through the ASGI entry on the running loop: the messages sent
+    (recorded in EVENTS too; a stream's second part follows its first)."""
+    sent: list = []
     body = [{"type": "http.request", "body": b"", "more_body": False}]
-    disconnect = asyncio.get_running_loop().create_future()
+    gone = asyncio.get_running_loop().create_future()
 
     async def receive():
-        return body.pop() if body else await disconnect
+        return body.pop() if body else await gone
 
     async def send(message):
         sent.append(message)
+        EVENTS.append(("sent", message.get("body")))
+        if leave_after_first_part and message.get("body") == b"first ":
+            gone.set_result({"type": "http.disconnect"})
+        elif message.get("body") == b"first ":
+            STREAM_GO_ON.set()
 
-    await application(_scope(path), receive, send)
-    disconnect.cancel()
+    await asyncio.wait_for(application(_scope(path), receive, send), 10)
+    if not gone.done():
+        gone.cancel()
+    return sent
+
+
+async def _asgi_call(path: str) -> tuple[int, dict]:
+    """One GET through the ASGI entry on the running loop: status and JSON body."""
+    sent = await _exchange(path)
     payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], json.loads(payload)
 
@@ -122,9 +138,6 @@ def test_requests_at_the_same_time_each_have_a_thread_of_their_own(chain_threads
 
 # --------------------------------------------------------------------------- signals, streams
 
-EVENTS: list = []  # what the handler and the views below did, in order
-STREAM_GO_ON = threading.Event()  # the stream's second part may be sent
-
 
 def _json_view(request):
     EVENTS.append(("view", threading.get_ident()))
@@ -187,29 +200,6 @@ def recorded_signals():
     finally:
         signals.request_started.disconnect(started)
         signals.request_finished.disconnect(finished)
-
-
-async def _exchange(path: str, leave_after_first_part: bool = False) -> list[dict]:
-    """One GET through the ASGI entry; the messages sent, with EVENTS interleaved."""
-    sent: list = []
-    body = [{"type": "http.request", "body": b"", "more_body": False}]
-    gone = asyncio.get_running_loop().create_future()
-
-    async def receive():
-        return body.pop() if body else await gone
-
-    async def send(message):
-        sent.append(message)
-        EVENTS.append(("sent", message.get("body")))
-        if leave_after_first_part and message.get("body") == b"first ":
-            gone.set_result({"type": "http.disconnect"})
-        elif message.get("body") == b"first ":
-            STREAM_GO_ON.set()
-
-    await asyncio.wait_for(application(_scope(path), receive, send), 10)
-    if not gone.done():
-        gone.cancel()
-    return sent
 
 
 @pytest.mark.django_db(transaction=True)

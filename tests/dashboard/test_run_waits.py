@@ -377,8 +377,10 @@ def test_waiting_requests_leave_the_connection_pool_to_others(uvicorn_server, to
     count = pooled + 4
     asking = [Asking(base, run, 60) for _ in range(count)]
     _until(
-        lambda: (found := _listener_of(loop)) is not None
-        and len(found.waiting.get(str(run.id), ())) == count
+        lambda: (
+            (found := _listener_of(loop)) is not None
+            and len(found.waiting.get(str(run.id), ())) == count
+        )
     )
     response = httpx.get(f"{base}/api/v1/runs/{run.id}", headers=AUTH, timeout=60)
     assert response.status_code == 200, response.text  # was a 503 after the pool's 10 s
