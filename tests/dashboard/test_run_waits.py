@@ -363,7 +363,7 @@ def test_a_look_made_before_the_listener_listened_is_made_again(uvicorn_server, 
     assert listener.heard_after(str(run.id), listener.listening_since + 1) is False
     settle(Run.objects.get(id=other.id))
     assert keeping.answer()["status"] == "settled"
-    assert listener.heard_after(str(other.id), listener.listening_since) is True
+    assert str(other.id) in listener.heard  # remembered (it may stop listening now: nobody waits)
 
 
 def test_waiting_requests_leave_the_connection_pool_to_others(uvicorn_server, token_user, run):
