@@ -51,15 +51,20 @@ class _Listener:
 
     def __init__(self) -> None:
         self.waiting: dict[str, set[asyncio.Event]] = {}
-        self.listening = False  # LISTEN is in place: a notification will be heard
-        self.listening_since: float | None = None  # since when, without a break
+        # Since when LISTEN has been in place without a break (monotonic), or None.
+        self.listening_since: float | None = None
         self.heard: dict[str, float] = {}  # run id → when heard, oldest first
         self.task: asyncio.Task | None = None
+
+    @property
+    def listening(self) -> bool:
+        """LISTEN is in place: a notification will be heard."""
+        return self.listening_since is not None
 
     def heard_after(self, run_id: str, since: float) -> bool | None:
         """Whether ``run_id``'s settlement was heard after ``since`` (monotonic);
         None when one could have been missed: not listening since before it."""
-        if not self.listening or self.listening_since is None or self.listening_since > since:
+        if self.listening_since is None or self.listening_since > since:
             return None
         return self.heard.get(run_id, -math.inf) >= since
 
@@ -99,8 +104,7 @@ class _Listener:
                         autocommit=True, **params
                     ) as listen:
                         await listen.execute(f"LISTEN {RUN_SETTLED_CHANNEL}")
-                        self.listening, pause = True, 0.2
-                        self.listening_since = time.monotonic()
+                        self.listening_since, pause = time.monotonic(), 0.2
                         if await self._hear(listen):
                             # Nobody waited for LINGER_S. Retired before the
                             # connection's close is awaited: a request arriving
@@ -110,7 +114,7 @@ class _Listener:
                 except (psycopg.Error, OSError) as exc:
                     log.warning("run waits: listening for settlements failed: %s", exc)
                 if self.task is me:
-                    self.listening, self.listening_since = False, None
+                    self.listening_since = None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
         finally:
@@ -118,7 +122,7 @@ class _Listener:
 
     def _retire(self, task: asyncio.Task | None) -> None:
         if self.task is task:
-            self.task, self.listening, self.listening_since = None, False, None
+            self.task, self.listening_since = None, None
 
     async def _hear(self, listen: psycopg.AsyncConnection) -> bool:
         """Wake the waiters of each settled run; True once nobody waited for LINGER_S."""
