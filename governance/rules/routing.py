@@ -226,6 +226,21 @@ _TURN_ENDING_FAILURES = {
 }
 
 
+def first_send(
+    route: TurnRoute, *, has_unaccepted_increment: bool
+) -> tuple[Candidate, AttemptKind] | None:
+    """The request :func:`drive_turn` sends first over ``route``: its first
+    candidate's first attempt (None: no candidate, nothing is sent). Known
+    before the turn runs, so its ledger draw can be admitted with the claim."""
+    if not route.candidates:
+        return None
+    candidate = route.candidates[0]
+    plan = attempt_plan(
+        candidate, has_unaccepted_increment=has_unaccepted_increment, first_in_turn=True
+    )
+    return candidate, plan[0]
+
+
 def drive_turn(
     route: TurnRoute,
     send: Callable[[Candidate, AttemptKind], AttemptOutcome],

@@ -23,7 +23,14 @@ from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
 from governance.rules.health import TIME_BASED_CLASSES, Classification
 from governance.rules.refusal import RULE_TEXT
-from governance.rules.routing import AttemptOutcome, TurnOutcome, why_no_candidate
+from governance.rules.routing import (
+    AttemptOutcome,
+    TurnOutcome,
+    TurnRoute,
+    route_turn,
+    turn_chain,
+    why_no_candidate,
+)
 from governance.rules.run_clocks import deadline_reached
 from governance.rules.segments import History, request_parts, surface_allows
 
@@ -202,6 +209,85 @@ def ledger_purpose(kind: str, *, recovery: bool) -> str:
     if recovery:
         return "recovery"
     return {"re_render": "rerender", "re_probe": "reprobe"}.get(kind, "original")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One model request's draw on the run's ledger (R5.1, R5.3, R5.4): what
+    the ledger's admission is asked for it."""
+
+    resource: str
+    amount: int
+    key: str
+    purpose: str
+    for_finalization: bool
+
+
+def turn_draw(
+    *, stage_id: int, claim: int, provider_id: str, kind: str, step: int, recovery: bool,
+    final: bool,
+) -> Draw:  # fmt: skip
+    """R5.3/R5.4: the draw of a turn's ``step``-th request to ``provider_id``.
+    The claim (the stage's delivery count) is in the key: a stage taken over
+    from a dead holder draws again from the same balance; a redelivery to the
+    same claim finds its key admitted and consumes nothing new."""
+    return Draw(
+        resource=lc.ORDINARY_RESEARCH_RESOURCE,
+        amount=1,
+        key=f"stage{stage_id}.{claim}:{provider_id}:{kind}:{step}",
+        purpose=ledger_purpose(kind, recovery=recovery),
+        for_finalization=final,
+    )
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """Where a model turn goes, from the facts gathered at its claim: what it
+    sends (the increment), where (the route, R2 and R3.1), and whether the
+    increment is still to be accepted (R3.1's quarantine)."""
+
+    increment: list[Message]
+    route: TurnRoute
+    has_unaccepted_increment: bool
+
+
+def plan_turn(
+    *,
+    stage_increment: Sequence[Message],
+    final: bool,
+    provider_chain: Sequence[str],
+    provider_models: Mapping[str, str],
+    segment_model: str,
+    segment_key: str,
+    history: Sequence[Message],
+    health: Mapping[str, Any],
+    refusals: Mapping[str, Any],
+    delays: Any,
+    memory: Any,
+    now: datetime,
+) -> TurnPlan:
+    """R1.2, R2.3, R3.1: a model turn's increment and route."""
+    increment = turn_increment(stage_increment, final=final)
+    chain = turn_chain(provider_chain, provider_models, segment_model)
+    route = route_turn(
+        chain,
+        now=now,
+        health=health,
+        refusals=refusals,
+        delays=delays,
+        turn_memory=memory,
+        # Hashing the request costs; with nothing remembered there is nothing to match.
+        request_digests=turn_request_digests(
+            history, increment, [entry.provider_id for entry in chain], segment_key
+        )
+        if memory
+        else None,
+    )
+    return TurnPlan(
+        increment=increment,
+        route=route,
+        has_unaccepted_increment=not final and any(quarantinable(i) for i in increment),
+    )
 
 
 def dispatch_outcome(

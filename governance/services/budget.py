@@ -15,6 +15,7 @@ from governance.models import (
     Stage,
 )
 from governance.rules import budget as budget_rules
+from governance.rules.turns import Draw
 from governance.services import statements as sql
 
 ENTRY_FIELDS = (
@@ -94,26 +95,72 @@ def admit(
     ``stage``: the stage drawing it, so a use whose holder died before it
     recorded the attempt can be marked as having no known outcome (R5.3)."""
     with transaction.atomic():
-        account_id, ledger = _locked_ledger(run)
-        new_ledger, admission = budget_rules.admit(
-            ledger, resource, amount, key, purpose, for_finalization=for_finalization
+        return _admit_on(
+            _locked_ledger(run), resource, amount, key, purpose,
+            for_finalization=for_finalization, now=now, stage=stage,
+        )  # fmt: skip
+
+
+def locked_ledger_later(run_id: Any) -> sql.Later[tuple[int, budget_rules.Ledger] | None]:
+    """The run's account row locked (the admission lock) and its ledger, the
+    read sent now (inside ``statements.together``: with the reads around it);
+    None without an account. For :func:`admit_locked` in the same transaction."""
+    text, account, entry = _run_ledger_sql(True)
+    return sql.Later(
+        text,
+        [sql.value(BudgetAccount, "run", run_id)],
+        lambda rows: _ledger_from_rows(rows, account, entry) if rows else None,
+    )
+
+
+def admit_locked(
+    locked: tuple[int, budget_rules.Ledger] | None,
+    draw: Draw,
+    *,
+    now: datetime,
+    stage: Stage | None = None,
+) -> budget_rules.Admission | None:
+    """:func:`admit` in the caller's transaction, on the ledger it read with
+    :func:`locked_ledger_later` (None: the run has no account, nothing admitted)."""
+    if locked is None:
+        return None
+    return _admit_on(
+        locked, draw.resource, draw.amount, draw.key, draw.purpose,
+        for_finalization=draw.for_finalization, now=now, stage=stage,
+    )  # fmt: skip
+
+
+def _admit_on(
+    locked: tuple[int, budget_rules.Ledger],
+    resource: str,
+    amount: int,
+    key: str,
+    purpose: str,
+    *,
+    for_finalization: bool,
+    now: datetime,
+    stage: Stage | None,
+) -> budget_rules.Admission:
+    account_id, ledger = locked
+    new_ledger, admission = budget_rules.admit(
+        ledger, resource, amount, key, purpose, for_finalization=for_finalization
+    )
+    if admission.admitted and not admission.duplicate:
+        entry = new_ledger.entries[-1]
+        row = BudgetEntry(
+            account_id=account_id,
+            kind=entry.kind.value,
+            idempotency_key=entry.idempotency_key,
+            resource=entry.resource.value,
+            pool=entry.pool.value,
+            amount=entry.amount,
+            purpose=entry.purpose.value,
+            for_finalization=entry.for_finalization,
+            created_at=now,
+            stage=stage,
         )
-        if admission.admitted and not admission.duplicate:
-            entry = new_ledger.entries[-1]
-            row = BudgetEntry(
-                account_id=account_id,
-                kind=entry.kind.value,
-                idempotency_key=entry.idempotency_key,
-                resource=entry.resource.value,
-                pool=entry.pool.value,
-                amount=entry.amount,
-                purpose=entry.purpose.value,
-                for_finalization=entry.for_finalization,
-                created_at=now,
-                stage=stage,
-            )
-            sql.insert([row])
-        return admission
+        sql.insert([row])
+    return admission
 
 
 def budget_view(run: Run) -> dict[str, budget_rules.Balance]:

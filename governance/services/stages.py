@@ -35,11 +35,12 @@ from governance.models import (
     ThreadSession,
     ToolReceipt,
 )
+from governance.rules import budget as budget_rules
 from governance.rules import claims as claim_rules
 from governance.rules import health as health_rules
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
-from governance.rules import run_clocks
+from governance.rules import routing, run_clocks
 from governance.rules import turns as turn_rules
 from governance.rules.refusal import (
     ProviderRefusal,
@@ -47,6 +48,7 @@ from governance.rules.refusal import (
     no_eligible_provider_notice,
 )
 from governance.rules.turns import StageConclusion
+from governance.services import budget as budget_service
 from governance.services import callbacks
 from governance.services import statements as sql
 from governance.services.alerts import emit_notice
@@ -151,7 +153,7 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
             now=now,
             deadline_at=run.deadline_at,
         )
-        reads = None if stopping else _turn_reads(run, stage.seq, now)
+        reads = None if stopping else _turn_reads(run, stage, now, admit_first=True)
     in_flight = any(claim_rules.turn_in_flight(r.lease_until, now) for r in other_turns.value())
     if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
         # Still in the claim's transaction (the caller's): the thread stays locked.
@@ -251,19 +253,29 @@ class TurnContext:
     publication: pub.Publication
     delays: ReprobeSchedules  # R3.2's default, and each provider's own (issue 12)
     last_progress_at: datetime
+    plan: turn_rules.TurnPlan  # the increment and the route, from these facts
+    # Ledger draws admitted with the claim, by key (the turn's first request):
+    # taken once by the request they were admitted for.
+    admitted: dict[str, budget_rules.Admission] = field(default_factory=dict)
 
 
-def turn_context(run: Run, stage_seq: int, now: datetime) -> TurnContext:
+def turn_context(run: Run, stage: Stage, now: datetime) -> TurnContext:
     """What a model turn reads, in one read transaction (the claim's, when called in it)."""
     with transaction.atomic(savepoint=False):
         with sql.together():
-            context = _turn_reads(run, stage_seq, now)
+            context = _turn_reads(run, stage, now)
         return context()  # the block's end was the round trip
 
 
-def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnContext]:
+def _turn_reads(
+    run: Run, stage: Stage, now: datetime, *, admit_first: bool = False
+) -> Callable[[], TurnContext]:
     """Send what a model turn reads (inside ``statements.together``: at once);
-    the returned call reads the answers and builds the context."""
+    the returned call reads the answers and builds the context. ``admit_first``:
+    the run's ledger is read locked with them, and the turn's first request's
+    draw admitted on it (R5.1) in this transaction: one commit fewer than an
+    admission of its own, and the same row lock."""
+    stage_seq = stage.seq
     # One open segment per thread: the run's, unless a boundary closed it.
     segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
     chain = run.thread.provider_chain
@@ -274,6 +286,7 @@ def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnCon
     memory = turn_memory(chain, now)
     # The body so far: a run's first stage has none by construction.
     committed = _committed_chunks(run) if stage_seq > 1 else None
+    ledger = budget_service.locked_ledger_later(run.id) if admit_first else None
 
     def context() -> TurnContext:
         providers = found.value()
@@ -284,19 +297,49 @@ def _turn_reads(run: Run, stage_seq: int, now: datetime) -> Callable[[], TurnCon
                 value, now, provider.config_fingerprint(), enabled=provider.enabled
             )
         chunks = committed.value() if committed is not None else ()
+        final = stage.kind == Stage.Kind.FINALIZATION
+        turn = {
+            "history": history.value(),
+            "refusals": refusals.value(),
+            "memory": memory.value(),
+            # R3.2's default and each provider's own schedule (issue 12), from the
+            # providers read above: no query of its own.
+            "delays": reprobe_schedules(providers.values()),
+        }
+        plan = turn_rules.plan_turn(
+            stage_increment=stage.payload.get("increment", []),
+            final=final,
+            provider_chain=chain,
+            provider_models={pid: p.model for pid, p in providers.items()},
+            segment_model=segment.model,
+            segment_key=segment.key,
+            health=verdicts,
+            now=now,
+            **turn,
+        )
+        admitted = {}
+        first = routing.first_send(
+            plan.route, has_unaccepted_increment=plan.has_unaccepted_increment
+        )
+        if ledger is not None and first is not None:
+            candidate, kind = first
+            draw = turn_rules.turn_draw(
+                stage_id=stage.id, claim=stage.deliveries, provider_id=candidate.provider_id,
+                kind=kind, step=1, recovery=bool(stage.payload.get("recovery")), final=final,
+            )  # fmt: skip
+            admission = budget_service.admit_locked(ledger.value(), draw, now=now, stage=stage)
+            if admission is not None:
+                admitted[draw.key] = admission
         return TurnContext(
             segment=segment,
             session=segment.session,
-            history=history.value(),
             providers=providers,
-            refusals=refusals.value(),
             health=verdicts,
-            memory=memory.value(),
             publication=pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in chunks)),
-            # R3.2's default and each provider's own schedule (issue 12), from the
-            # providers read above: no query of its own.
-            delays=reprobe_schedules(providers.values()),
             last_progress_at=run.last_progress_at,  # read with the claim
+            plan=plan,
+            admitted=admitted,
+            **turn,
         )
 
     return context

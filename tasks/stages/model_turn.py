@@ -1,9 +1,11 @@
 """A model turn or the one finalization (R1.1, R2, R3, R4.4, R5, R6).
 
-Gather (segment, history, refusal state, breaker verdicts) → route
-(``rules.routing``) → the refusal protocol sends what it asks for
-(``rules.routing.drive_turn``; each request admitted from the run's one
-ledger first) → ``rules.turns.conclude_turn`` → one ``close_stage``.
+The claim gathers the facts (segment, history, refusal state, breaker
+verdicts) and plans the turn from them (``rules.turns.plan_turn``: increment
+and route), admitting the first request's ledger draw in its transaction → the
+refusal protocol sends what it asks for (``rules.routing.drive_turn``; every
+other request admitted from the run's one ledger first) →
+``rules.turns.conclude_turn`` → one ``close_stage``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from governance import time_source
 from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
 from governance.rules.health import classify_attempt
-from governance.rules.lifecycle import ORDINARY_RESEARCH_RESOURCE
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
@@ -54,27 +55,10 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     final = stage.kind == Stage.Kind.FINALIZATION
     start = time_source.now()
     if context is None:  # not read with the claim
-        context = stage_service.turn_context(run, stage.seq, start)
+        context = stage_service.turn_context(run, stage, start)
     segment = context.segment
-    increment = turns.turn_increment(stage.payload.get("increment", []), final=final)
+    increment = context.plan.increment
     providers = context.providers
-    chain = routing.turn_chain(
-        run.thread.provider_chain, {pid: p.model for pid, p in providers.items()}, segment.model
-    )
-    route = routing.route_turn(
-        chain,
-        now=start,
-        health=context.health,
-        refusals=context.refusals,
-        delays=context.delays,
-        turn_memory=context.memory,
-        # Hashing the request costs; with nothing remembered there is nothing to match.
-        request_digests=turns.turn_request_digests(
-            context.history, increment, [entry.provider_id for entry in chain], segment.key
-        )
-        if context.memory
-        else None,
-    )
     offered = turns.offered_tools(segment.tool_surface, final=final)
     tools, tool_names = offered_specs(offered)  # built-ins and registry tools (issue 11)
     progress = _Progress(run, context.last_progress_at)
@@ -85,13 +69,14 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         provider = providers[candidate.provider_id]
         step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
         now = time_source.now()
-        purpose = turns.ledger_purpose(kind, recovery=bool(stage.payload.get("recovery")))
-        # The claim is in the key: a stage taken over from a dead holder draws
-        # again from the same balance (R5.3); the first use is marked unknown.
-        admission = ledger.admit(
-            run, ORDINARY_RESEARCH_RESOURCE, 1,
-            f"stage{stage.id}.{stage.deliveries}:{provider.provider_id}:{kind}:{step}",
-            purpose, for_finalization=final, now=now, stage=stage,
+        draw = turns.turn_draw(
+            stage_id=stage.id, claim=stage.deliveries, provider_id=provider.provider_id,
+            kind=kind, step=step, recovery=bool(stage.payload.get("recovery")), final=final,
+        )  # fmt: skip
+        # The first request's draw was admitted with the claim; the others here.
+        admission = context.admitted.pop(draw.key, None) or ledger.admit(
+            run, draw.resource, draw.amount, draw.key, draw.purpose,
+            for_finalization=draw.for_finalization, now=now, stage=stage,
         )  # fmt: skip
         blocked = turns.dispatch_outcome(
             # The stage began after checking for a stop; later sends ask again.
@@ -178,11 +163,11 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         return turns.attempt_outcome(classification, response.timeout_name, ended)
 
     outcome = routing.drive_turn(
-        route,
+        context.plan.route,
         send,
         segment_key=segment.key,
         refusals=context.refusals,
-        has_unaccepted_increment=not final and any(turns.quarantinable(i) for i in increment),
+        has_unaccepted_increment=context.plan.has_unaccepted_increment,
         now=start,
         delays=context.delays,
     )

@@ -25,6 +25,7 @@ from governance.rules.routing import (
     RoutingError,
     attempt_plan,
     drive_turn,
+    first_send,
     route_turn,
     why_no_candidate,
 )
@@ -355,6 +356,26 @@ def test_r3_2_bounded_sends_per_segment_and_provider(plan):
         turns_reaching_a += fake.requests["a"] > before
     assert turns_reaching_a <= 1 + MAX_REFUSAL_REPROBES
     assert fake.requests["a"] <= 4 + MAX_REFUSAL_REPROBES
+
+
+@settings(max_examples=200, deadline=None)
+@given(turn_plans, st.sampled_from([REFUSE, ACCEPT, AttemptOutcome("failed", "server_error")]))
+def test_r5_1_first_send_is_the_request_drive_turn_sends_first(plan, answer):
+    """The claim admits the draw of ``first_send``'s request before the turn
+    runs: it must be the one drive_turn sends first, whatever state it meets."""
+    fake = FakeProviders({"a": answer, "b": REFUSE})
+    refusals: dict[str, ProviderRefusal] = {}
+    now = T0
+    for minutes, increment in plan:
+        now += timedelta(minutes=minutes)
+        route = route_turn(CHAIN, now=now, health={}, refusals=refusals)
+        expected = first_send(route, has_unaccepted_increment=increment)
+        sent_before = len(fake.log)
+        refusals = turn(fake, refusals, now, increment=increment).refusals
+        if expected is None:
+            assert len(fake.log) == sent_before
+        else:
+            assert fake.log[sent_before] == (expected[0].provider_id, expected[1])
 
 
 @settings(max_examples=200, deadline=None)
