@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connection, transaction
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -569,7 +569,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         if isinstance(request, ASGIRequest)
         else run_waits.answer_when_settled_sync(wait_s, settled_now, final_answer)
     )
-    response = StreamingHttpResponse(body, content_type="application/json")
+    response = run_waits.WaitedAnswer(body, content_type="application/json")
     response["Cache-Control"] = "no-store"
     return response
 

@@ -103,6 +103,8 @@ class SyncChainASGIHandler(ASGIHandler):
     async def _stream(self, response, receive, send):
         """A streaming body, ended early by the client's disconnect (an idle
         stream or a waiting request would otherwise outlive its client)."""
+        if isinstance(response, WaitedAnswer):
+            send = _with_the_end(send)
         tasks = [
             asyncio.create_task(self.listen_for_disconnect(receive)),
             asyncio.create_task(self.send_response(response, send)),
@@ -119,6 +121,25 @@ class SyncChainASGIHandler(ASGIHandler):
             await sync_to_async(response.close, thread_sensitive=True)()
 
 
+def _with_the_end(send):
+    """``send`` that holds a body part until the next message and sends it with
+    that one: a body of one part goes out with the body's end, in one write."""
+    held = None
+
+    async def sending(message):
+        nonlocal held
+        if message["type"] == "http.response.body":
+            if held is not None:
+                message = {**message, "body": held["body"] + message.get("body", b"")}
+                held = None
+            if message.get("more_body"):
+                held = message
+                return
+        await send(message)
+
+    return sending
+
+
 # Idle request threads kept for the next requests (a burst's peak starts more).
 IDLE_REQUEST_THREADS = 32
 
@@ -133,6 +154,7 @@ django_application = SyncChainASGIHandler()
 
 from django.conf import settings  # noqa: E402  (needs settings loaded)
 
+from dashboard.run_waits import WaitedAnswer  # noqa: E402  (needs the apps loaded)
 from tasks.telemetry import configure_telemetry  # noqa: E402
 
 configure_telemetry(component="web")

@@ -14,6 +14,7 @@ from django.test import override_settings
 from django.urls import path
 
 from dashboard.asgi import application, django_application
+from dashboard.run_waits import WaitedAnswer
 
 EVENTS: list = []  # what the handler and the views below did, in order
 STREAM_GO_ON = threading.Event()  # the stream's second part may be sent
@@ -178,7 +179,20 @@ def _export_view(request):
     return csv_response(["username\n"], rest, filename="users.csv")
 
 
-urlpatterns = [path("json", _json_view), path("stream", _stream_view), path("export", _export_view)]
+def _waited_view(request):
+    async def body():
+        await asyncio.sleep(0.01)  # the run settles
+        yield b'{"status": "settled"}'
+
+    return WaitedAnswer(body(), content_type="application/json")
+
+
+urlpatterns = [
+    path("json", _json_view),
+    path("stream", _stream_view),
+    path("export", _export_view),
+    path("waited", _waited_view),
+]
 
 
 @pytest.fixture
@@ -222,6 +236,17 @@ def test_a_streaming_answer_is_closed_after_its_body(recorded_signals):
         i for i, kind in enumerate(kinds) if kind == "sent"
     ), kinds
     assert kinds.count("request_finished") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waited_answer_goes_out_with_the_end_of_its_body(recorded_signals):
+    """One message, so one write: the client holds the whole answer at once,
+    not its part and then the chunked body's end in another packet."""
+    sent = asyncio.run(_exchange("/waited"))
+    assert sent[0]["type"] == "http.response.start"
+    assert sent[1:] == [{"type": "http.response.body", "body": b'{"status": "settled"}'}]
+    kinds = [kind for kind, _ in recorded_signals]
+    assert kinds[-1] == "request_finished" and kinds.count("request_finished") == 1, kinds
 
 
 @pytest.mark.django_db(transaction=True)
