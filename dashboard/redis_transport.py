@@ -8,8 +8,8 @@ new Redis pool — not a connection error — so Celery's handler, which ignores
 connection errors on this path, lets it kill the worker (seen once in
 tests/faults/test_redis_outage.py). Here that state is a connection error:
 the close is ignored as Celery intends, the worker reconnects, and the
-messages stay in Redis's unacked set (restored after the visibility timeout;
-the watchdog re-sends their stages sooner, R6.6).
+watchdog sends the stages of messages the worker had taken again (R6.6:
+the broker is a prompt, the database the record; dashboard/settings.py).
 """
 
 from __future__ import annotations

@@ -195,10 +195,14 @@ else:
     if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         # Kombu's Redis transport with a guard for a broker outage (its docstring).
         CELERY_BROKER_TRANSPORT = "dashboard.redis_transport:Transport"
-    # Redelivery after a worker dies waits this long; stages are idempotent anyway.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60)
-    }
+    # The broker is a prompt, not the record: every stage, callback and alert
+    # is a row that a sweep sends again (R6.6, R7.3, R8.2). So kombu keeps no
+    # copy of a taken message in Redis (ack emulation off): that copy cost a
+    # Redis round trip before every task and one after it, and came back only
+    # after its visibility timeout (an hour), long after the sweeps. A task
+    # whose pool process dies is still sent again at once (reject on worker
+    # lost), and a warm shutdown still gives back what it took.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND") or REDIS_URL or None
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
 CELERY_RESULT_EXPIRES = 3600

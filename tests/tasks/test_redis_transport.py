@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import redis
 from kombu import Connection
@@ -30,3 +32,32 @@ def test_r6_5_a_channel_whose_connection_is_gone_raises_what_celery_ignores(sett
         channel.pool  # noqa: B018 (building the pool is what raised)
         reached.append("no error")
     assert reached == []  # the error was raised, and ignored
+
+
+def test_r6_6_a_taken_message_leaves_no_copy_in_redis_and_a_lost_worker_gives_it_back(
+    settings,
+):
+    """The broker is a prompt (the sweeps send every row again): a message a
+    worker takes is not copied into Redis's unacked set on the way, a round
+    trip before each task and one after it; a task whose process died is
+    still requeued at once (Celery's reject on worker lost)."""
+    from tasks.celery import app
+
+    name = f"test-prompt-{uuid.uuid4().hex}"
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue(name)
+        try:
+            queue.put({"stage": 1})
+            taken = queue.get(timeout=5)
+            client = conn.default_channel.client
+            assert not client.hexists("unacked", taken.delivery_tag)
+            assert client.zscore("unacked_index", taken.delivery_tag) is None
+            taken.reject(requeue=True)  # what the worker does when its child died
+            again = queue.get(timeout=5)
+            assert again.payload == {"stage": 1}
+            again.ack()
+            with pytest.raises(queue.Empty):
+                queue.get(timeout=0.2)
+        finally:
+            queue.queue.delete()
+            queue.close()
