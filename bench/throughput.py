@@ -41,8 +41,15 @@ manage.py and SQL, never the project's modules, so it survives refactorings.
 
 The lone-run latency is what a client sees (submit start → the answer that
 shows the settlement); the server's ``Run.created_at → Settlement.settled_at``
-is printed beside it. Each phase's peak number of database connections, the
-CPU used by each process and the rows per table are printed as context.
+is printed beside it. The lone client is one kept-alive connection of the
+standard library's http.client: on two cores the client's own CPU is taken
+from the system it measures, and httpx costs about three times as much per
+run; the report prints the lone runs again with both clients taking turns
+run by run, httpx's p50 beside. Before the lone runs, lone runs as measured
+but unmeasured (``WARM_UP_LONE_RUNS``): the figures are of a system that has
+been serving. Each phase's peak number of database connections, the CPU
+used by each process (during the throughput phase in cores, during the lone
+runs in milliseconds per run) and the rows per table are printed as context.
 
 Run: .venv/bin/python bench/throughput.py [N] [LONE] [--clients K] [--json]
 [--profile OUT] [--keep] (defaults 300, 30 and 16 clients; at most 5000, 500
@@ -58,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import multiprocessing
@@ -94,6 +102,7 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 PROVIDER_ID = "bench-openai"
 CLIENTS = 16  # concurrent HTTP clients in the throughput phase (--clients)
 WORKERS = 2  # worker processes (manage.py up --concurrency)
+WARM_UP_LONE_RUNS = 30  # lone runs before the measured ones (their statements prepared)
 LONE_POLL_S = 0.002  # the polling lone client asks GET /api/v1/runs/{id} this often
 LONE_WAIT_S = 10  # the waiting lone client asks GET /api/v1/runs/{id}?wait= this long
 SETTLE_POLL_S = 0.01  # the throughput phase polls the settlements (SQL) this often
@@ -221,6 +230,17 @@ def cpu_report(a: CpuSample, b: CpuSample, roles: dict[int, str]) -> dict[str, f
     busy = (b.machine[0] - a.machine[0]) / wall
     used["machine busy"] = busy
     used["everything else"] = busy - sum(v for k, v in used.items() if k != "machine busy")
+    return dict(used)
+
+
+def cpu_per_run(a: CpuSample, b: CpuSample, roles: dict[int, str], runs: int) -> dict[str, float]:
+    """CPU milliseconds per run between two samples, by role, and the whole
+    machine's: steadier than a latency on a noisy VM, and where it went."""
+    used: dict[str, float] = defaultdict(float)
+    for pid, role in roles.items():
+        if pid in b.procs:
+            used[role] += (b.procs[pid][1] - a.procs.get(pid, (0, 0.0))[1]) * 1000 / runs
+    used["whole machine"] = (b.machine[0] - a.machine[0]) * 1000 / runs
     return dict(used)
 
 
@@ -608,6 +628,14 @@ class System:
                 return sorted(parents.get(pid, []))
         return []
 
+    def backend_pids(self) -> list[int]:
+        """The PostgreSQL backends serving the bench database now."""
+        with psycopg.connect(with_db(self.database_url, "postgres"), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db_name,)
+            ).fetchall()
+        return [row[0] for row in rows]
+
     def roles(self, backend_pids: list[int]) -> dict[int, str]:
         """pid → what it is: web, worker main, worker pool, beat, bench DB backend, bench."""
         roles: dict[int, str] = {os.getpid(): "bench client"}
@@ -661,14 +689,81 @@ class System:
 # --------------------------------------------------------------------------- the client
 
 
+@dataclass
+class Answer:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+
+class KeptAliveHttp:
+    """One kept-alive connection through the standard library's http.client,
+    for the lone runs: the client's own CPU is taken from the two cores the
+    system under test runs on, and httpx costs several times as much per
+    request (the report prints the lone runs through httpx beside)."""
+
+    def __init__(self, base: str, headers: dict[str, str], timeout: float = 30) -> None:
+        parts = urlsplit(base)
+        self.host, self.port, self.timeout = parts.hostname, parts.port, timeout
+        self.headers = headers
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> Answer:
+        headers = dict(self.headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        reused = self.conn is not None
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self.conn.request(method, path, body=body, headers=headers)
+            response = self.conn.getresponse()
+            content = response.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            self.close()
+            if not reused:
+                raise
+            # The server closed the idle kept-alive connection before this
+            # request reached it: nothing was done, so it is sent once more.
+            return self._request(method, path, body)
+        answer_headers = {k.lower(): v for k, v in response.getheaders()}
+        return Answer(response.status, answer_headers, content)
+
+    def post(self, path: str, json: dict) -> Answer:
+        return self._request("POST", path, _json_bytes(json))
+
+    def get(self, path: str) -> Answer:
+        return self._request("GET", path)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _json_bytes(value: dict) -> bytes:
+    return json.dumps(value).encode()
+
+
 class Client:
-    def __init__(self, system: System) -> None:
+    def __init__(self, system: System, *, kept_alive: bool = False) -> None:
+        headers = {
+            "Authorization": f"Bearer {system.token}",
+            "X-Forwarded-Proto": "https",  # as the TLS proxy in front would send
+        }
+        if kept_alive:
+            self.http = KeptAliveHttp(system.base, headers)
+            return
         self.http = httpx.Client(
             base_url=system.base,
-            headers={
-                "Authorization": f"Bearer {system.token}",
-                "X-Forwarded-Proto": "https",  # as the TLS proxy in front would send
-            },
+            headers=headers,
             limits=httpx.Limits(max_connections=CLIENTS + 4, max_keepalive_connections=CLIENTS + 4),
             timeout=30,
         )
@@ -728,19 +823,26 @@ def parallel_threads(client: Client, count: int, clients: int = SETUP_CLIENTS) -
         return list(pool.map(lambda _i: client.create_thread(), range(count)))
 
 
-def warm_up(client: Client) -> None:
-    """A few concurrent runs so both pool processes have imported everything."""
+def warm_up(client: Client, lone_client: Client) -> None:
+    """A few concurrent runs so both pool processes have imported everything,
+    then lone runs as measured, unmeasured: the figures are of a system that
+    has been serving (each pooled connection has prepared its statements —
+    psycopg prepares one at its second use on a connection —, the listener
+    listens, the interpreter's caches are warm), not of its first minute."""
     threads = parallel_threads(client, 2 * WORKERS)
     with ThreadPoolExecutor(2 * WORKERS) as pool:
         runs = list(pool.map(lambda t: client.submit(t)[0], threads))
         list(pool.map(client.wait_settled, runs))
-    log(f"warm-up: {len(runs)} runs settled")
+    for thread_id in parallel_threads(client, WARM_UP_LONE_RUNS):
+        lone_client.wait_settled(lone_client.submit(thread_id)[0])
+    log(f"warm-up: {len(runs)} concurrent runs and {WARM_UP_LONE_RUNS} lone runs settled")
 
 
-def lone_phase(client: Client, count: int, *, poll: bool = False) -> dict:
+def lone_phase(system: System, client: Client, count: int, *, poll: bool = False) -> dict:
     threads = [client.create_thread() for _ in range(count)]
     log(f"lone: {count} threads created")
     run_ids, settle_ms, submit_ms, polls, walls = [], [], [], [], []
+    cpu_before = cpu_sample()
     for thread_id in threads:
         wall = time.time()  # the server's timestamps are on this machine's wall clock
         run_id, start, latency = client.submit(thread_id)
@@ -750,12 +852,36 @@ def lone_phase(client: Client, count: int, *, poll: bool = False) -> dict:
         submit_ms.append(latency)
         polls.append(n)
         run_ids.append(run_id)
+    cpu_after = cpu_sample()
     how = f"polling every {LONE_POLL_S * 1000:g} ms" if poll else f"?wait={LONE_WAIT_S}"
     log(f"lone ({how}): {count} runs settled, p50 {pct(settle_ms, 50):.1f} ms")
     return {
         "run_ids": run_ids, "settle_ms": settle_ms, "submit_ms": submit_ms, "polls": polls,
         "walls": walls,
+        "cpu_ms": cpu_per_run(cpu_before, cpu_after, system.roles(system.backend_pids()), count),
     }  # fmt: skip
+
+
+def client_comparison(clients: dict[str, Client], count: int) -> dict[str, dict[str, float]]:
+    """Lone runs again, the clients taking turns run by run (the machine's
+    drift hits each alike): each one's p50 and its own CPU per run."""
+    names = list(clients)
+    threads = [clients[names[0]].create_thread() for _ in range(count * len(names))]
+    settle: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, float] = defaultdict(float)
+    for index, thread_id in enumerate(threads):
+        name = names[index % len(names)]
+        client, used = clients[name], time.thread_time()
+        run_id, start, _latency = client.submit(thread_id)
+        client.wait_settled(run_id)
+        settle[name].append((time.perf_counter() - start) * 1000)
+        cpu[name] += (time.thread_time() - used) * 1000
+    log("lone, the clients taking turns: " + ", ".join(
+        f"{name} p50 {pct(settle[name], 50):.1f} ms" for name in names))  # fmt: skip
+    return {
+        name: {"p50_ms": pct(settle[name], 50), "cpu_ms": cpu[name] / len(settle[name])}
+        for name in names
+    }
 
 
 def throughput_phase(
@@ -1119,6 +1245,8 @@ def figures(
         "lone_submit_p95_ms": pct(lone["submit_ms"], 95),
         "lone_polls_p50": pct(lone["polls"], 50),
         "lone_polling_p50_ms": pct(lone["polling"]["settle_ms"], 50),
+        "lone_cpu_ms": lone["cpu_ms"],
+        "lone_clients": lone["clients"],
         "lone_polling_p95_ms": pct(lone["polling"]["settle_ms"], 95),
         "lone_polling_polls_p50": pct(lone["polling"]["polls"], 50),
         "lone_polling_submit_p50_ms": pct(lone["polling"]["submit_ms"], 50),
@@ -1261,6 +1389,20 @@ def print_report(n: int, lone_n: int, f: dict, load: dict, lone_facts, load_fact
         "  lone run hop by hop, p50 (client wall clock and row timestamps): "
         + ", ".join(f"{k} {v:.1f} ms" for k, v in lone_facts["timeline"].items())
     )
+    cpu = f["lone_cpu_ms"]
+    print(
+        f"  the lone runs' client is one kept-alive http.client connection; {lone_n} more "
+        "of each, the clients taking turns run by run: "
+        + "; ".join(
+            f"{name} p50 {fmt_ms(c['p50_ms'])}, its own CPU {c['cpu_ms']:.1f} ms per run"
+            for name, c in f["lone_clients"].items()
+        )
+    )
+    print(
+        "  lone run CPU, ms per run (?wait=; /proc): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if k != "whole machine" and v >= 0.05)
+        + f"; whole machine {cpu['whole machine']:.1f}"
+    )
     print(
         f"  lone turn: stage started→finished p50 {fmt_ms(f['lone_turn_execution_p50_ms'])}, "
         f"provider latency_ms p50 {fmt_ms(f['lone_provider_p50_ms'])}, "
@@ -1393,12 +1535,16 @@ def main(argv: list[str]) -> int:
         system.start_provider()
         system.prepare()
         system.start_up()
-        client = Client(system)
+        client, lone_client = Client(system), Client(system, kept_alive=True)
         system.watcher.phase = "warm-up"
-        warm_up(client)
+        warm_up(client, lone_client)
         system.watcher.phase = "lone runs"
-        lone = lone_phase(client, args.lone)
-        lone["polling"] = lone_phase(client, args.lone, poll=True)
+        lone = lone_phase(system, lone_client, args.lone)
+        lone["polling"] = lone_phase(system, lone_client, args.lone, poll=True)
+        lone["clients"] = client_comparison(
+            {"http.client": lone_client, "httpx": client}, args.lone
+        )
+        lone_client.close()
         load = throughput_phase(system, client, args.runs, args.profile, args.threads)
         system.watcher.phase = "after"
         lone_facts = run_facts(system, lone["run_ids"])
