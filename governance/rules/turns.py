@@ -16,13 +16,18 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
-from governance.rules.health import TIME_BASED_CLASSES, Classification
-from governance.rules.refusal import RULE_TEXT
+from governance.rules.health import (
+    TIME_BASED_CLASSES,
+    Classification,
+    HealthVerdict,
+    TurnRefusalMemory,
+)
+from governance.rules.refusal import RULE_TEXT, ProviderRefusal
 from governance.rules.routing import (
     AttemptOutcome,
     TurnOutcome,
@@ -260,10 +265,10 @@ def plan_turn(
     segment_model: str,
     segment_key: str,
     history: Sequence[Message],
-    health: Mapping[str, Any],
-    refusals: Mapping[str, Any],
-    delays: Any,
-    memory: Any,
+    health: Mapping[str, HealthVerdict],
+    refusals: Mapping[str, ProviderRefusal],
+    delays: Sequence[timedelta],
+    memory: TurnRefusalMemory,
     now: datetime,
 ) -> TurnPlan:
     """R1.2, R2.3, R3.1: a model turn's increment and route."""
