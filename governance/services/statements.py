@@ -331,11 +331,11 @@ def insert_together(*groups: Sequence[Model], using: str = DEFAULT_DB_ALIAS) -> 
     (a UUID); PostgreSQL checks the references at the statement's end.
     Elsewhere (SQLite) the groups are inserted one after another."""
     groups = tuple(group for group in groups if group)
-    if connection.vendor != "postgresql" or len(groups) < 2 or _blocks.__dict__.get("stack"):
+    db = _db(using)
+    if db.vendor != "postgresql" or len(groups) < 2 or _blocks.__dict__.get("stack"):
         for group in groups:
             insert(group, using=using)
         return
-    db = _db(using)
     shapes, params, keyed = [], [], []
     for rows in groups:
         model = type(rows[0])
