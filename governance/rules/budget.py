@@ -147,6 +147,18 @@ class Balance:
 
 
 @dataclass(frozen=True)
+class Draw:
+    """One request's draw on the run's ledger (R5.1, R5.3, R5.4): what
+    :func:`admit` is asked for it."""
+
+    resource: str
+    amount: int
+    key: str
+    purpose: str
+    for_finalization: bool
+
+
+@dataclass(frozen=True)
 class Admission:
     """The answer to one :func:`admit` call (R5.2, R5.4).
 

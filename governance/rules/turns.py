@@ -21,6 +21,7 @@ from typing import Any
 
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
+from governance.rules.budget import Draw
 from governance.rules.health import (
     TIME_BASED_CLASSES,
     Classification,
@@ -214,18 +215,6 @@ def ledger_purpose(kind: str, *, recovery: bool) -> str:
     if recovery:
         return "recovery"
     return {"re_render": "rerender", "re_probe": "reprobe"}.get(kind, "original")
-
-
-@dataclass(frozen=True)
-class Draw:
-    """One model request's draw on the run's ledger (R5.1, R5.3, R5.4): what
-    the ledger's admission is asked for it."""
-
-    resource: str
-    amount: int
-    key: str
-    purpose: str
-    for_finalization: bool
 
 
 def turn_draw(

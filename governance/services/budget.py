@@ -15,7 +15,6 @@ from governance.models import (
     Stage,
 )
 from governance.rules import budget as budget_rules
-from governance.rules.turns import Draw
 from governance.services import statements as sql
 
 ENTRY_FIELDS = (
@@ -115,7 +114,7 @@ def locked_ledger_later(run_id: Any) -> sql.Later[tuple[int, budget_rules.Ledger
 
 def admit_locked(
     locked: tuple[int, budget_rules.Ledger] | None,
-    draw: Draw,
+    draw: budget_rules.Draw,
     *,
     now: datetime,
     stage: Stage | None = None,

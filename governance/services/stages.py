@@ -153,7 +153,9 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
             now=now,
             deadline_at=run.deadline_at,
         )
-        reads = None if stopping else _turn_reads(run, stage, now, admit_first=True)
+        reads = None if stopping else _turn_reads(run, stage, now)
+        # Locked with the reads: the turn's first request is admitted on it below.
+        ledger = None if stopping else budget_service.locked_ledger_later(run.id)
     in_flight = any(claim_rules.turn_in_flight(r.lease_until, now) for r in other_turns.value())
     if not claim_rules.turn_may_start(other_turn_in_flight=in_flight):
         # Still in the claim's transaction (the caller's): the thread stays locked.
@@ -162,7 +164,36 @@ def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
         )
         stage.holder, stage.parked_at = "", now
         return StageStart(stage, waiting=True)
-    return StageStart(stage, context=reads() if reads is not None else None)
+    if reads is None:
+        return StageStart(stage)
+    context = reads()
+    _admit_first_request(stage, context, ledger.value(), now)
+    return StageStart(stage, context=context)
+
+
+def _admit_first_request(
+    stage: Stage,
+    context: TurnContext,
+    ledger: tuple[int, budget_rules.Ledger] | None,
+    now: datetime,
+) -> None:
+    """R5.1: the draw of the request the turn sends first, admitted on the run's
+    ledger read locked with the claim: one commit fewer than an admission of
+    its own. The turn takes it by its key (``context.admitted``)."""
+    first = routing.first_send(
+        context.plan.route, has_unaccepted_increment=context.plan.has_unaccepted_increment
+    )
+    if first is None:
+        return
+    candidate, kind = first
+    draw = turn_rules.turn_draw(
+        stage_id=stage.id, claim=stage.deliveries, provider_id=candidate.provider_id, kind=kind,
+        step=1, recovery=bool(stage.payload.get("recovery")),
+        final=stage.kind == Stage.Kind.FINALIZATION,
+    )  # fmt: skip
+    admission = budget_service.admit_locked(ledger, draw, now=now, stage=stage)
+    if admission is not None:
+        context.admitted[draw.key] = admission
 
 
 @cache
@@ -267,14 +298,10 @@ def turn_context(run: Run, stage: Stage, now: datetime) -> TurnContext:
         return context()  # the block's end was the round trip
 
 
-def _turn_reads(
-    run: Run, stage: Stage, now: datetime, *, admit_first: bool = False
-) -> Callable[[], TurnContext]:
+def _turn_reads(run: Run, stage: Stage, now: datetime) -> Callable[[], TurnContext]:
     """Send what a model turn reads (inside ``statements.together``: at once);
-    the returned call reads the answers and builds the context. ``admit_first``:
-    the run's ledger is read locked with them, and the turn's first request's
-    draw admitted on it (R5.1) in this transaction: one commit fewer than an
-    admission of its own, and the same row lock."""
+    the returned call reads the answers and builds the context with the turn's
+    plan (``rules.turns.plan_turn``)."""
     stage_seq = stage.seq
     # One open segment per thread: the run's, unless a boundary closed it.
     segment = run.segment if run.segment.closed_at is None else open_segment(run.thread)
@@ -286,7 +313,6 @@ def _turn_reads(
     memory = turn_memory(chain, now)
     # The body so far: a run's first stage has none by construction.
     committed = _committed_chunks(run) if stage_seq > 1 else None
-    ledger = budget_service.locked_ledger_later(run.id) if admit_first else None
 
     def context() -> TurnContext:
         providers = found.value()
@@ -297,7 +323,6 @@ def _turn_reads(
                 value, now, provider.config_fingerprint(), enabled=provider.enabled
             )
         chunks = committed.value() if committed is not None else ()
-        final = stage.kind == Stage.Kind.FINALIZATION
         turn = {
             "history": history.value(),
             "refusals": refusals.value(),
@@ -308,7 +333,7 @@ def _turn_reads(
         }
         plan = turn_rules.plan_turn(
             stage_increment=stage.payload.get("increment", []),
-            final=final,
+            final=stage.kind == Stage.Kind.FINALIZATION,
             provider_chain=chain,
             provider_models={pid: p.model for pid, p in providers.items()},
             segment_model=segment.model,
@@ -317,19 +342,6 @@ def _turn_reads(
             now=now,
             **turn,
         )
-        admitted = {}
-        first = routing.first_send(
-            plan.route, has_unaccepted_increment=plan.has_unaccepted_increment
-        )
-        if ledger is not None and first is not None:
-            candidate, kind = first
-            draw = turn_rules.turn_draw(
-                stage_id=stage.id, claim=stage.deliveries, provider_id=candidate.provider_id,
-                kind=kind, step=1, recovery=bool(stage.payload.get("recovery")), final=final,
-            )  # fmt: skip
-            admission = budget_service.admit_locked(ledger.value(), draw, now=now, stage=stage)
-            if admission is not None:
-                admitted[draw.key] = admission
         return TurnContext(
             segment=segment,
             session=segment.session,
@@ -338,7 +350,6 @@ def _turn_reads(
             publication=pub.Publication(chunks=tuple(pub.ChunkFacts(n, v) for n, v in chunks)),
             last_progress_at=run.last_progress_at,  # read with the claim
             plan=plan,
-            admitted=admitted,
             **turn,
         )
 
