@@ -71,7 +71,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"  # throughput.py uses 13
 TARGET_MS = 50.0
 WARM_UP = 3  # unmeasured requests per case
 CORE_TABLES = ("governance_run", "governance_stage", "governance_budgetentry")
-BODY_LIMIT = 2_621_440  # DATA_UPLOAD_MAX_MEMORY_SIZE (dashboard/settings.py), 2.5 MiB
+BODY_LIMIT = 2_621_440  # DATA_UPLOAD_MAX_MEMORY_SIZE (dashboard/site/settings.py), 2.5 MiB
 DEPTH = 100_000
 
 

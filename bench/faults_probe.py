@@ -90,7 +90,7 @@ KILL_MIN_AGE_S = 0.2  # a stage held this long is inside its provider or tool ca
 RERUN_GIVE_UP_S = 300.0
 
 # The production defaults of the clocks the harness shortens for its tests
-# (dashboard/settings.py); the probe puts them back.
+# (dashboard/site/settings.py); the probe puts them back.
 PRODUCTION_CLOCKS = {
     "GOVERNANCE_STAGE_LEASE_SECONDS": "30",
     "GOVERNANCE_WATCHDOG_SECONDS": "15",

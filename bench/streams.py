@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.site.settings")
 
 STREAMS = min(int(sys.argv[1]) if len(sys.argv) > 1 else 300, 1000)
 HOLD_S = min(float(sys.argv[2]) if len(sys.argv) > 2 else 10.0, 60.0)
@@ -45,9 +45,9 @@ def setup_run() -> str:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from dashboard.api import token_digest
     from governance import services, time_source
     from governance.models import ApiToken, Provider
+    from governance.services.tokens import token_digest
 
     call_command("migrate", verbosity=0)
     user, _ = get_user_model().objects.get_or_create(username="bench-streams")
@@ -113,7 +113,7 @@ async def wait_for(reader, needle: bytes) -> None:
 async def main(run_id: str) -> dict:
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "dashboard.site.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log"],
         cwd=ROOT, env={**os.environ, "OTEL_SDK_DISABLED": "true"},
     )  # fmt: skip

@@ -438,7 +438,7 @@ class System:
         self.watcher: ConnectionWatcher | None = None
         self.env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+            "DJANGO_SETTINGS_MODULE": "dashboard.site.settings",
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
             "GOVERNANCE_CALLBACK_SECRET": secrets.token_urlsafe(32),

@@ -694,7 +694,7 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    # Permission codenames the token is limited to (dashboard/permissions.py);
+    # Permission codenames the token is limited to (dashboard/site/permissions.py);
     # empty: whatever its user's role allows.
     scopes = models.JSONField(default=list, blank=True)
 

@@ -7,7 +7,7 @@ was flushed (transactional tests) or set up without migrations.
 from __future__ import annotations
 
 # The actions a role grants (and a token's scopes may narrow), by permission
-# codename, with what each lets a user do. dashboard/permissions.py names them.
+# codename, with what each lets a user do. dashboard/site/permissions.py names them.
 ACTIONS: dict[str, str] = {
     "submit_run": "submit runs",
     "cancel_run": "stop runs",

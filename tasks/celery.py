@@ -11,7 +11,7 @@ import os
 from celery import Celery
 from celery.signals import beat_init, task_postrun, worker_process_init, worker_ready
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.site.settings")
 
 app = Celery("governance")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -34,7 +34,7 @@ def test_database_left_alone_at_the_end(django_db_setup, django_db_blocker):
     import psycopg
     from django.db import connections
 
-    from dashboard.loop_db import plain_params
+    from dashboard.site.loop_db import plain_params
 
     with django_db_blocker.unblock():
         for connection in connections.all():
@@ -144,14 +144,14 @@ def fresh_script_counters():
 def embedded_folders():
     """What `manage.py up` makes at start (importing the settings makes nothing):
     WhiteNoise reads STATIC_ROOT when a test's request builds the middleware."""
-    from dashboard.embedded import make_folders
+    from dashboard.site.embedded import make_folders
 
     make_folders()
 
 
 def streamed_body(response) -> bytes:
     """The whole body of a streamed response, its iterator synchronous or not
-    (the CSV exports stream an asynchronous one: dashboard/streaming.py)."""
+    (the CSV exports stream an asynchronous one: dashboard/pages/streaming.py)."""
     from asgiref.sync import async_to_sync
 
     assert response.streaming

@@ -51,7 +51,7 @@ def test_workers_name_their_host_and_every_long_running_part_has_a_health_check(
 
 
 def test_the_environment_it_sets_is_what_the_settings_read():
-    read = (Path(settings.BASE_DIR) / "dashboard" / "settings.py").read_text()
+    read = (Path(settings.BASE_DIR) / "dashboard" / "site" / "settings.py").read_text()
     named = set(COMPOSE["x-app"]["environment"])
     named |= {
         line.split("=", 1)[0].lstrip("# ")

@@ -107,8 +107,8 @@ def test_rule_module_never_reads_the_clock(path: Path):
 WALL_CLOCK_ALLOWED = {
     "governance/time_source.py": "the injectable clock itself",
     "tasks/jobs.py": "process liveness: a heartbeat is about real processes, not facts",
-    "dashboard/views.py": "/healthz and the board's component status read those heartbeats",
-    "dashboard/management/commands/up.py": "`up`'s status line reads those heartbeats",
+    "dashboard/pages/overview.py": "/healthz and the board's status read those heartbeats",
+    "dashboard/site/management/commands/up.py": "`up`'s status line reads those heartbeats",
     "dashboard/management/commands/demo.py": "the demo anchors its scenario to the real day",
 }
 
@@ -201,3 +201,61 @@ def test_services_package_has_no_import_circle():
 
     circles = [c for m in sorted(edges) if m not in seen and (c := circle_from(m, []))]
     assert circles == []
+
+
+# --- dashboard/: the platform, the API, the pages, their read models ---------
+
+DASHBOARD = REPO_ROOT / "dashboard"
+DASHBOARD_ENTRIES = {
+    "__init__.py", "apps.py",
+    "site",  # the platform: settings, env readers, URL root, entry points, backends, `up`
+    "api",  # the public API, one module per resource, its schemas and OpenAPI builder
+    "pages",  # the dashboard's pages
+    "queries",  # the read models the pages and the API share
+    "management",  # manage.py commands for people (demo, provider, tool, tokens)
+    "templatetags",  # the pages' template filters (Django looks for them here)
+}  # fmt: skip
+# What a package of dashboard/ may not import. Only the URL root and the error
+# handlers of the platform reach the API and the pages; a page may answer in the
+# API's JSON error shape (dashboard.api.base) and show its OpenAPI description.
+DASHBOARD_FORBIDDEN = {
+    "queries": ("dashboard.api", "dashboard.pages", "dashboard.management"),
+    "api": ("dashboard.pages", "dashboard.management"),
+    "pages": ("dashboard.api", "dashboard.management"),
+    "site": ("dashboard.api", "dashboard.pages"),
+}
+DASHBOARD_ALLOWED = {
+    "pages": {"dashboard.api.base", "dashboard.api.openapi"},
+    "site": {"dashboard.api.base", "dashboard.api.urls", "dashboard.pages.urls"},
+}
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_dashboard_folders_show_the_architecture():
+    """Nothing sits at dashboard/'s top level but its packages (a module there
+    would be a page, an endpoint or plumbing whose place nobody can tell)."""
+    entries = {p.name for p in DASHBOARD.iterdir() if p.name != "__pycache__"}
+    assert entries == DASHBOARD_ENTRIES
+
+
+@pytest.mark.parametrize("package", sorted(DASHBOARD_FORBIDDEN))
+def test_dashboard_packages_stay_in_their_places(package: str):
+    offenders = []
+    for path in (DASHBOARD / package).rglob("*.py"):
+        for module in imported_modules(ast.parse(path.read_text())):
+            allowed = DASHBOARD_ALLOWED.get(package, set())
+            if any(module == a or module.startswith(a + ".") for a in allowed):
+                continue
+            if any(module == f or module.startswith(f + ".") for f in DASHBOARD_FORBIDDEN[package]):
+                offenders.append(f"{path.relative_to(REPO_ROOT)} imports {module}")
+    assert offenders == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from dashboard.api_schemas import BoundaryApply, RunSubmit, ThreadCreate
+from dashboard.api.schemas import BoundaryApply, RunSubmit, ThreadCreate
 from tests.conftest import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()

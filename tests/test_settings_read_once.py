@@ -1,4 +1,4 @@
-"""Settings are read once, in dashboard/settings.py (with dashboard/env.py's readers).
+"""Settings are read once, in dashboard/site/settings.py (with dashboard/site/env.py's readers).
 
 Nothing else in governance/, tasks/ or dashboard/ reads the process
 environment or repeats a setting's default: callers use ``settings.NAME``
@@ -26,17 +26,17 @@ from tests.conftest import REPO_ROOT
 
 SCANNED_PACKAGES = ("governance", "tasks", "dashboard")
 SCANNED_FILES = ("manage.py",)
-READERS = frozenset({"dashboard/settings.py", "dashboard/env.py"})
+READERS = frozenset({"dashboard/site/settings.py", "dashboard/site/env.py"})
 
 BOOTSTRAP = "bootstrap: os.environ.setdefault('DJANGO_SETTINGS_MODULE', ...)"
 CHILD_ENV = "child env: a copy of os.environ for a subprocess"
 ALLOWED: frozenset[tuple[str, str]] = frozenset(
     {
         ("manage.py", BOOTSTRAP),
-        ("dashboard/asgi.py", BOOTSTRAP),
-        ("dashboard/wsgi.py", BOOTSTRAP),
+        ("dashboard/site/asgi.py", BOOTSTRAP),
+        ("dashboard/site/wsgi.py", BOOTSTRAP),
         ("tasks/celery.py", BOOTSTRAP),
-        ("dashboard/management/commands/up.py", CHILD_ENV),
+        ("dashboard/site/management/commands/up.py", CHILD_ENV),
     }
 )
 
@@ -196,7 +196,7 @@ def test_the_scan_covers_the_entry_points_and_skips_only_the_readers():
         "tasks/span_store.py",
         "tasks/celery.py",
     } <= scanned
-    assert {"dashboard/asgi.py", "dashboard/management/commands/up.py"} <= scanned
+    assert {"dashboard/site/asgi.py", "dashboard/site/management/commands/up.py"} <= scanned
     assert scanned.isdisjoint(READERS)
 
 
@@ -223,12 +223,12 @@ def test_the_scan_covers_the_entry_points_and_skips_only_the_readers():
 def test_checker_catches_stray_environment_reads(source):
     assert environment_uses(source, "tasks/anything.py") != []
     # Not even the allow-listed files may read a value.
-    assert environment_uses(source, "dashboard/management/commands/up.py") != []
+    assert environment_uses(source, "dashboard/site/management/commands/up.py") != []
     assert environment_uses(source, "tasks/celery.py") != []
 
 
 BOOTSTRAP_SOURCE = (
-    "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'dashboard.settings')"
+    "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'dashboard.site.settings')"
 )
 
 
@@ -250,17 +250,17 @@ def test_checker_allows_bootstrap_only_in_entry_points():
     ],
 )
 def test_checker_allows_child_env_only_in_up(source):
-    assert environment_uses(source, "dashboard/management/commands/up.py") == []
+    assert environment_uses(source, "dashboard/site/management/commands/up.py") == []
     assert environment_uses(source, "dashboard/management/commands/demo.py") != []
 
 
 def test_checker_does_not_take_a_copy_for_a_read():
     read_from_copy = "import os\nport = {**os.environ}.get('PORT')"
-    assert environment_uses(read_from_copy, "dashboard/management/commands/up.py") != []
+    assert environment_uses(read_from_copy, "dashboard/site/management/commands/up.py") != []
 
 
 def test_checker_ignores_other_objects_environ():
-    assert environment_uses("x = request.environ.get('X')", "dashboard/views.py") == []
+    assert environment_uses("x = request.environ.get('X')", "dashboard/pages/overview.py") == []
 
 
 @pytest.mark.parametrize(

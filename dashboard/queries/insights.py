@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 from django.db.models import (
@@ -66,6 +67,7 @@ from governance.rules.insights import (
     what_if,
 )
 from governance.rules.refusal import delays_from_seconds
+from governance.services import insight_tiers
 from governance.services.insight_tiers import REFUSAL_RELATED, carried_of, first_sends
 from governance.services.insight_tiers import SEND_FIELDS as _FIELDS
 
@@ -326,3 +328,10 @@ def reprobe_insights(
 
 def provider_ids() -> list[str]:
     return list(Provider.objects.order_by("provider_id").values_list("provider_id", flat=True))
+
+
+def tiered_insights(query: InsightsQuery, **what_if: Any) -> Insights:
+    """The period's numbers, its pending attempts tiered first (their turns finished
+    since the beat's last pass): the page, the CSV and the API read the same tiers."""
+    insight_tiers.tier_pending(start=query.start, end=query.end)
+    return reprobe_insights(query, **what_if)

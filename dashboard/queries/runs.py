@@ -366,7 +366,7 @@ RESOURCE_WORDS = {
 }
 
 
-# What the page shows of each attempt (``dashboard/run_html.py``) and prices it by
+# What the page shows of each attempt (``dashboard/pages/run_html.py``) and prices it by
 # (``usage``): not its digest, error text, tool names or Insights columns.
 _ATTEMPT_SHOWN = (
     "id", "run", "stage", "provider", "model", "kind", "started_at", "latency_ms", "result",

@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
-from dashboard.status import human_duration
+from dashboard.site.status import human_duration
 from governance import services
 from governance.models import (
     HistoryItem,

@@ -1,7 +1,7 @@
 """API tokens: made for a user, shown once, stored as a digest, listed and revoked.
 
 A token may carry scopes — permission codenames that narrow what its user's
-role allows (``dashboard/permissions.py``); it can never widen it.
+role allows (``dashboard/site/permissions.py``); it can never widen it.
 """
 
 from __future__ import annotations

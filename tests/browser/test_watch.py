@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dashboard import stream_views
+from dashboard.api import events as stream_views
 from governance import services, time_source
 from governance.models import BodyChunk, Provider, Run, RunViewer, Stage
 from tests.tasks.conftest import worker  # noqa: F401  (a real Celery worker on Redis)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.api import token_digest
 from governance import services, time_source
 from governance.models import ApiToken, Provider
+from governance.services.tokens import token_digest
 
 CLIENT_TOKEN = "client-token-" + "y" * 20
 CLIENT_AUTH = {"Authorization": f"Bearer {CLIENT_TOKEN}"}

@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dashboard.api import token_digest
 from governance import services, time_source
 from governance.models import (
     ApiToken,
@@ -36,6 +35,7 @@ from governance.models import (
 )
 from governance.rules import lifecycle as lc
 from governance.services.errors import RunSettled
+from governance.services.tokens import token_digest
 from tests import facts as written
 
 pytestmark = pytest.mark.django_db
@@ -328,7 +328,7 @@ def test_auth_reads_the_token_and_its_whole_user_by_a_fixed_sql_text(
     than the statement (issue 8). The user is complete, as a queryset reads it."""
     from django.db.models.sql.compiler import SQLCompiler
 
-    from dashboard.api import _authenticate
+    from dashboard.api.base import authenticate as _authenticate
 
     ApiToken.objects.filter(pk=token_row.pk).update(scopes=["submit_run"])
     request = rf.get("/api/v1/threads", headers={"Authorization": f"Bearer {TOKEN}"})

@@ -19,7 +19,7 @@ from django.core.management import CommandError, call_command
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from dashboard.openapi import openapi_document
+from dashboard.api.openapi import openapi_document
 from governance import services, time_source
 from governance.models import ApiToken, AuditEntry, Notification, Provider, Thread
 from governance.services.tokens import token_digest

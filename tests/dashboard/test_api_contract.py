@@ -11,7 +11,7 @@ from django.urls import get_resolver
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from dashboard.openapi import openapi_document
+from dashboard.api.openapi import openapi_document
 from governance.models import Provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,8 +49,8 @@ def test_the_description_is_openapi_3_1_and_covers_every_api_address(client):
 def bearer(django_user_model):
     from django.contrib.auth.models import Permission
 
-    from dashboard.api import token_digest
     from governance.models import ApiToken
+    from governance.services.tokens import token_digest
 
     user = django_user_model.objects.create_user("contract", password="unused-password-1")
     user.user_permissions.add(

@@ -26,12 +26,13 @@ from django.conf import settings as django_settings
 from django.test import AsyncClient, Client, RequestFactory
 from django.urls import URLPattern
 
-from dashboard import errors
-from dashboard.api import token_digest
-from dashboard.urls import api_patterns, urlpatterns
+from dashboard.api.urls import api_patterns
+from dashboard.site import errors
+from dashboard.site.urls import urlpatterns
 from governance import services, time_source
 from governance.models import ApiToken, Provider, Run, Thread, ToolServer
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.services.tokens import token_digest
 from tests import facts as written
 
 pytestmark = pytest.mark.django_db
@@ -139,7 +140,7 @@ def run(thread):
 
 
 def api_urls(thread, run) -> dict[str, str]:
-    """name → concrete path, for every pattern of dashboard/urls.py under api/."""
+    """name → concrete path, for every pattern of dashboard/site/urls.py under api/."""
     values = {
         "thread_id": str(thread.id),
         "run_id": str(run.id),
@@ -234,11 +235,13 @@ def test_an_exception_in_a_view_is_500_json_with_a_logged_ref(
     client, user, thread, any_debug, monkeypatch, caplog
 ):
     monkeypatch.setattr(services, "open_segment", _boom)
-    with caplog.at_level(logging.ERROR, logger="dashboard.errors"):
+    with caplog.at_level(logging.ERROR, logger="dashboard.site.errors"):
         response = client.get(f"/api/v1/threads/{thread.id}", headers=AUTH)
     message = assert_json_error(response, 500)
     ref = REF.match(message).group(1)
-    logged = [r for r in caplog.records if r.name == "dashboard.errors" and ref in r.getMessage()]
+    logged = [
+        r for r in caplog.records if r.name == "dashboard.site.errors" and ref in r.getMessage()
+    ]
     assert len(logged) == 1 and logged[0].exc_info[0] is RuntimeError
     assert secrets_in(response.content.decode()) == []
     assert "Traceback" not in response.content.decode()
@@ -265,11 +268,13 @@ def test_an_exception_in_a_middleware_is_500_json_with_the_logged_ref(
 
     monkeypatch.setattr(AuthenticationMiddleware, "process_request", broken)
     browser = Client(raise_request_exception=False)
-    with caplog.at_level(logging.ERROR, logger="dashboard.errors"):
+    with caplog.at_level(logging.ERROR, logger="dashboard.site.errors"):
         response = browser.get("/api/v1/threads/whatever", headers=AUTH)
     message = assert_json_error(response, 500)
     ref = REF.match(message).group(1)
-    logged = [r for r in caplog.records if r.name == "dashboard.errors" and ref in r.getMessage()]
+    logged = [
+        r for r in caplog.records if r.name == "dashboard.site.errors" and ref in r.getMessage()
+    ]
     assert len(logged) == 1 and logged[0].exc_info[0] is RuntimeError
     assert secrets_in(response.content.decode()) == []
     # Outside the API the page stays Django's (and, with DEBUG=1, the filtered technical one).
@@ -279,7 +284,7 @@ def test_an_exception_in_a_middleware_is_500_json_with_the_logged_ref(
 
 
 def test_an_exception_in_an_async_view_is_500_json(user, run, monkeypatch, debug):
-    from dashboard import stream_views
+    from dashboard.api import events as stream_views
 
     monkeypatch.setattr(stream_views.stream, "connect_viewer", _boom)
 
@@ -689,7 +694,7 @@ def test_live_wsgi_server_answers_json_errors(live_server, user, thread, run, mo
 
 @pytest.fixture
 def uvicorn_server():
-    """dashboard.asgi's application under a real uvicorn, in this process."""
+    """dashboard.site.asgi's application under a real uvicorn, in this process."""
     import asyncio
 
     import uvicorn
@@ -727,12 +732,12 @@ def test_uvicorn_answers_json_errors_with_debug_1(
 
 @pytest.fixture
 def asgi_entry_server():
-    """dashboard.asgi.application (what `manage.py up` serves) under a real uvicorn."""
+    """dashboard.site.asgi.application (what `manage.py up` serves) under a real uvicorn."""
     import asyncio
 
     import uvicorn
 
-    from dashboard.asgi import application
+    from dashboard.site.asgi import application
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""dashboard.asgi: the middleware chain and the view run in one thread hop."""
+"""dashboard.site.asgi: the middleware chain and the view run in one thread hop."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.test import override_settings
 from django.urls import path
 
-from dashboard.asgi import application, django_application
-from dashboard.run_waits import WaitedAnswer
+from dashboard.site.asgi import application, django_application
+from dashboard.site.responses import WaitedAnswer
 
 EVENTS: list = []  # what the handler and the views below did, in order
 STREAM_GO_ON = threading.Event()  # the stream's second part may be sent
@@ -163,7 +163,7 @@ def _export_view(request):
     from django.contrib.auth.models import User
     from django.db import connection
 
-    from dashboard.streaming import csv_response
+    from dashboard.pages.streaming import csv_response
 
     EVENTS.append(("view", threading.get_ident()))
     User.objects.count()  # the view's own read: the thread holds a connection

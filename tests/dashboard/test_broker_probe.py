@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from dashboard import status
+from dashboard.site import status
 from tasks.celery import app
 
 

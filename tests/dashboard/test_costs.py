@@ -13,11 +13,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
-from dashboard.api import token_digest
 from governance import services, time_source
 from governance.models import ApiToken, Provider, ProviderAttempt, Settlement
 from governance.services.errors import ServiceError
 from governance.services.providers import create_provider, update_provider
+from governance.services.tokens import token_digest
 from tests import facts as written
 from tests.conftest import streamed_body
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.env import database_from_url, env_bool, env_int, env_list, env_secret
+from dashboard.site.env import database_from_url, env_bool, env_int, env_list, env_secret
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("1", True), ("yes", True), ("off", False)])
@@ -78,7 +78,7 @@ def test_database_url_postgres(tmp_path: Path):
     config = database_from_url(
         "postgres://app:p%40ss@db.internal:6543/gov?sslmode=require", base_dir=tmp_path
     )
-    assert config["ENGINE"] == "dashboard.postgresql"
+    assert config["ENGINE"] == "dashboard.site.postgresql"
     assert (config["NAME"], config["USER"], config["PASSWORD"]) == ("gov", "app", "p@ss")
     assert (config["HOST"], config["PORT"]) == ("db.internal", "6543")
     assert config["OPTIONS"] == {
@@ -172,7 +172,7 @@ def test_database_url_rejects_what_it_cannot_run_on(url, tmp_path: Path):
 def test_r3_2_reprobe_delays_come_from_the_environment(monkeypatch):
     from datetime import timedelta
 
-    from dashboard.env import env_durations
+    from dashboard.site.env import env_durations
 
     monkeypatch.setenv("DELAYS", "1m, 2h,90s")
     assert env_durations("DELAYS", "15m,1h,6h") == (
@@ -189,7 +189,7 @@ def test_r3_2_reprobe_delays_come_from_the_environment(monkeypatch):
 
 
 def test_env_float_checks_number_finiteness_and_minimum(monkeypatch):
-    from dashboard.env import env_float
+    from dashboard.site.env import env_float
 
     monkeypatch.delenv("DELAY", raising=False)
     assert env_float("DELAY", 0.0, minimum=0) == 0.0
@@ -209,7 +209,7 @@ def test_env_float_checks_number_finiteness_and_minimum(monkeypatch):
 
 
 def test_named_secret_reads_the_named_variable_at_call_time(monkeypatch):
-    from dashboard.env import named_secret
+    from dashboard.site.env import named_secret
 
     monkeypatch.delenv("PROVIDER_KEY", raising=False)
     monkeypatch.delenv("PROVIDER_KEY_FILE", raising=False)
@@ -221,7 +221,7 @@ def test_named_secret_reads_the_named_variable_at_call_time(monkeypatch):
 
 
 def test_named_secret_honours_the_file_variant(monkeypatch, tmp_path: Path):
-    from dashboard.env import named_secret
+    from dashboard.site.env import named_secret
 
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")
@@ -239,7 +239,7 @@ def test_named_secret_honours_the_file_variant(monkeypatch, tmp_path: Path):
 
 @pytest.mark.parametrize("name", ["", "1KEY", "MY-KEY", "KEY NAME", "KEY=x", "KEY\n", None])
 def test_named_secret_rejects_what_is_not_a_variable_name(name):
-    from dashboard.env import named_secret
+    from dashboard.site.env import named_secret
 
     with pytest.raises(ImproperlyConfigured, match="not an environment variable name"):
         named_secret(name)
@@ -248,7 +248,7 @@ def test_named_secret_rejects_what_is_not_a_variable_name(name):
 def test_named_secret_is_the_settings_accessor():
     from django.conf import settings
 
-    from dashboard.env import named_secret
+    from dashboard.site.env import named_secret
 
     assert settings.GOVERNANCE_NAMED_SECRET is named_secret
 
@@ -258,7 +258,7 @@ def test_r3_2_the_default_reprobe_schedule_is_the_rules_and_an_override_passes_i
 ):
     from datetime import timedelta
 
-    from dashboard.env import env_reprobe_schedule
+    from dashboard.site.env import env_reprobe_schedule
     from governance.rules.refusal import REFUSAL_REPROBE_DELAYS
 
     monkeypatch.delenv("SCHEDULE", raising=False)

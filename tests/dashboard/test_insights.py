@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from dashboard.api import token_digest
 from governance import services, time_source
 from governance.models import ApiToken, Provider, SegmentRefusal, Thread
 from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 from governance.services.refusals import record_turn, segment_refusals
+from governance.services.tokens import token_digest
 from tests.conftest import streamed_body
 
 pytestmark = pytest.mark.django_db

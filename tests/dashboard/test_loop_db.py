@@ -1,4 +1,4 @@
-"""dashboard.loop_db: database work from the event loop hands its connection back."""
+"""dashboard.site.loop_db: database work from the event loop hands its connection back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from django.db import connection
 
-from dashboard.loop_db import off_loop
+from dashboard.site.loop_db import off_loop
 from governance.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

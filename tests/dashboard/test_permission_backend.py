@@ -1,4 +1,4 @@
-"""dashboard.permissions.RolePermissionsBackend: Django's answers, one plain statement."""
+"""dashboard.site.permissions.RolePermissionsBackend: Django's answers, one plain statement."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.db import connection
 from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 
-from dashboard import permissions
-from dashboard.permissions import RolePermissionsBackend
+from dashboard.site import permissions
+from dashboard.site.permissions import RolePermissionsBackend
 
 pytestmark = pytest.mark.django_db
 

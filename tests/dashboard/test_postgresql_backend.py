@@ -1,4 +1,4 @@
-"""The pool's connection check (dashboard.postgresql): no query for a healthy
+"""The pool's connection check (dashboard.site.postgresql): no query for a healthy
 idle connection, a refusal for one the server ended."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from dashboard.postgresql.base import check_idle_connection
+from dashboard.site.postgresql.base import check_idle_connection
 
 
 def _dsn() -> str:

@@ -11,13 +11,13 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
-from dashboard.api import token_digest
 from governance import services, time_source
 from governance.models import ApiToken, AuditEntry, Provider, SegmentRefusal
 from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 from governance.services.errors import ServiceError
 from governance.services.providers import create_provider, update_provider
 from governance.services.refusals import record_turn, reprobe_schedules, segment_refusals
+from governance.services.tokens import token_digest
 
 pytestmark = pytest.mark.django_db
 

@@ -24,8 +24,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from dashboard.pages.reports import csv_safe
 from dashboard.queries import report as q
-from dashboard.report_views import csv_safe
 from governance import services, time_source
 from governance.models import (
     BodyChunk,
@@ -863,9 +863,9 @@ def test_r84_the_csv_sends_its_header_before_the_report_is_read(
 
 
 def test_r84_discrepancy_rows_are_written_with_every_value_escaped():
-    """The page's discrepancy rows are written in Python (dashboard/report_html.py): the
+    """The page's discrepancy rows are written in Python (dashboard/pages/report_html.py): the
     CSV's cells, the run linked by its first 8 characters, every value escaped."""
-    from dashboard import report_html
+    from dashboard.pages import report_html
     from governance.services.deliveries import CallbackView
 
     run_id = uuid.UUID("12345678-1234-5678-1234-567812345678")

@@ -793,7 +793,7 @@ def test_run_page_times_and_stages_of_many_attempts(client, oncall, thread):
 
 
 def test_each_attempt_row_shows_its_cells_escaped(client, oncall, thread, providers):
-    """The attempts table is written in Python (dashboard/run_html.py): each cell as the
+    """The attempts table is written in Python (dashboard/pages/run_html.py): each cell as the
     template wrote it — a dash for what is missing — and every value escaped."""
     run = make_run(thread, attempts=("alpha", "beta"))
     ProviderAttempt.objects.filter(run=run, provider__provider_id="beta").update(

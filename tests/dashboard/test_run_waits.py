@@ -1,7 +1,7 @@
 """``GET /api/v1/runs/{id}?wait=S``: one request answered when the run settles.
 
 Through the Django test client (WSGI: the request's thread polls) and through
-``dashboard.asgi`` under a real uvicorn on PostgreSQL (the suite's database,
+``dashboard.site.asgi`` under a real uvicorn on PostgreSQL (the suite's database,
 ``make test``), where the settling
 transaction's NOTIFY wakes the waiting request: the tests make every fallback
 read far slower than the wait, so only the notification can answer in time.
@@ -18,7 +18,7 @@ import httpx
 import pytest
 from django.db import connection, transaction
 
-from dashboard import run_waits
+from dashboard.api import waits as run_waits
 from governance import time_source
 from governance.models import Run
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
@@ -145,11 +145,11 @@ def test_a_look_while_waiting_is_one_small_read(client, token_user, run):
 
 @pytest.fixture
 def uvicorn_server(monkeypatch):
-    """dashboard.asgi's application under a real uvicorn in this process; every
+    """dashboard.site.asgi's application under a real uvicorn in this process; every
     fallback read of a waiting request is made slower than any wait here."""
     import uvicorn
 
-    from dashboard.asgi import application
+    from dashboard.site.asgi import application
 
     monkeypatch.setattr(run_waits, "RECHECK_S", 120.0)
     monkeypatch.setattr(run_waits, "POLL_S", 120.0)
@@ -280,7 +280,7 @@ def test_a_lost_listen_connection_is_opened_again(uvicorn_server, token_user, ru
 @pytest.fixture
 def looks(monkeypatch):
     """Each small look (settled or not) a waiting request makes, in order."""
-    from dashboard import api
+    from dashboard.api import runs as api
 
     made: list[str] = []
     look = api.run_is_settled
@@ -330,7 +330,7 @@ def test_a_settlement_heard_between_the_look_and_the_watch_is_answered(
     """The view looks (unsettled), the run settles and the listener hears it,
     then the request starts watching: the remembered notification answers it,
     not a recheck (120 s away here)."""
-    from dashboard import api
+    from dashboard.api import runs as api
 
     base, loop = uvicorn_server
     other = _another_run(run)

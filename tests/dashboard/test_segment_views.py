@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from dashboard import segment_views
+from dashboard.pages import segments as segment_views
 from dashboard.queries import segments as queries
 from governance import services, time_source
 from governance.models import (
@@ -317,7 +317,7 @@ def test_segment_timeline_shows_every_attempt_kind_fallback_cards_and_notificati
 def test_segment_timeline_requests_and_stages_are_written_escaped(
     client, oncall, thread_with_states
 ):
-    """Requests and stages are written in Python (dashboard/segment_html.py): each
+    """Requests and stages are written in Python (dashboard/pages/segment_html.py): each
     part as the template wrote it, every value escaped."""
     thread, segment = thread_with_states
     run, stage, _ = full_turn(thread, segment)

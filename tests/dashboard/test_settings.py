@@ -66,7 +66,7 @@ def test_embedded_defaults_need_no_server(tmp_path: Path):
     result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     engine, broker, cache = result.stdout.split()
-    assert engine == "dashboard.sqlite3"
+    assert engine == "dashboard.site.sqlite3"
     assert broker == "filesystem://"
     assert cache.endswith("FileBasedCache")
     # Reading the settings makes no folder: they are made when the system starts.
@@ -88,7 +88,7 @@ def test_a_command_that_starts_nothing_creates_no_folder(tmp_path: Path, args):
 def test_migrate_on_a_fresh_clone_makes_the_sqlite_folder(tmp_path: Path):
     result = _manage("migrate", "--verbosity", "0", env={}, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
-    # Only what SQLite needs: the folder of its file (dashboard/sqlite3).
+    # Only what SQLite needs: the folder of its file (dashboard/site/sqlite3).
     assert sorted(p.name for p in (tmp_path / "var").iterdir()) == ["db.sqlite3"]
 
 
@@ -107,7 +107,7 @@ def test_publishing_makes_the_file_system_broker_folders(tmp_path: Path):
 
 def test_make_folders_makes_every_embedded_folder_once(tmp_path: Path):
     script = (
-        "from dashboard.embedded import make_folders;"
+        "from dashboard.site.embedded import make_folders;"
         "print(len(make_folders()), len(make_folders()))"
     )
     result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
@@ -122,7 +122,7 @@ def test_make_folders_makes_every_embedded_folder_once(tmp_path: Path):
 
 
 def test_beat_makes_the_folder_of_its_schedule(tmp_path: Path):
-    from dashboard.embedded import BeatScheduler
+    from dashboard.site.embedded import BeatScheduler
     from tasks.celery import app
 
     schedule = tmp_path / "not" / "yet" / "schedule"
@@ -207,11 +207,11 @@ def test_bad_run_time_setting_refuses_to_start(tmp_path: Path, name, value, mess
 
 
 def test_sqlite_backend_makes_the_folder_of_its_file_and_nothing_for_memory(tmp_path: Path):
-    from dashboard.env import database_from_url
-    from dashboard.sqlite3.base import DatabaseWrapper
+    from dashboard.site.env import database_from_url
+    from dashboard.site.sqlite3.base import DatabaseWrapper
 
     entry = database_from_url(f"sqlite:///{tmp_path}/deep/er/db.sqlite3", base_dir=tmp_path)
-    assert entry["ENGINE"] == "dashboard.sqlite3"
+    assert entry["ENGINE"] == "dashboard.site.sqlite3"
     for name in (":memory:", entry["NAME"]):
         wrapper = DatabaseWrapper({**entry, "NAME": name, **_WRAPPER_DEFAULTS}, alias="t")
         wrapper.get_new_connection(wrapper.get_connection_params()).close()

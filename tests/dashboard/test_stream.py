@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
-from dashboard import stream_views
+from dashboard.api import events as stream_views
 from governance import services, time_source
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Stage
 from governance.rules.lifecycle import Outcome, ReasonCode, Settlement

@@ -118,7 +118,7 @@ def test_a_bad_token_name_is_a_form_error_and_makes_nothing(client, operator):
 
 
 def test_the_permission_names_are_the_actions_roles_grant():
-    from dashboard import permissions
+    from dashboard.site import permissions
     from governance.roles import ACTIONS, ROLES
 
     named = {

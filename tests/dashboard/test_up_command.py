@@ -16,14 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dashboard.management.commands.up import (
+from dashboard.site.management.commands.up import (
     ROOT_NOTICE,
     child_commands,
     child_log_level,
     describe_status,
     read_status,
 )
-from dashboard.supervisor import Restart, RestartPolicy, StatusReport, Supervisor, exit_message
+from dashboard.site.supervisor import Restart, RestartPolicy, StatusReport, Supervisor, exit_message
 from tests.conftest import REPO_ROOT
 
 
@@ -170,7 +170,7 @@ def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system, tmp_path:
 
 SUPERVISE = """
 import sys
-from dashboard.supervisor import RestartPolicy, Supervisor
+from dashboard.site.supervisor import RestartPolicy, Supervisor
 children = {
     "web": [sys.executable, "-c", "import time; time.sleep(60)"],
     "worker": [sys.executable, "-c", "import time; time.sleep(60)"],
@@ -348,7 +348,7 @@ class _FakeProcess:
 
 
 def test_supervisor_restarts_only_when_the_backoff_is_due_and_never_while_stopping(monkeypatch):
-    monkeypatch.setattr("dashboard.supervisor.subprocess.Popen", _FakeProcess)
+    monkeypatch.setattr("dashboard.site.supervisor.subprocess.Popen", _FakeProcess)
     lines: list[str] = []
     supervisor = Supervisor(
         {"web": ["w"], "worker": ["k"]},
@@ -410,7 +410,7 @@ def _commands(level: str) -> dict[str, list[str]]:
 
 def test_child_commands_carry_the_level_and_drop_celerys_banners_below_info():
     quiet = _commands("WARNING")
-    assert quiet["web"][:4] == ["py", "-m", "uvicorn", "dashboard.asgi:application"]
+    assert quiet["web"][:4] == ["py", "-m", "uvicorn", "dashboard.site.asgi:application"]
     assert quiet["web"][4:] == [
         "--host", "0.0.0.0", "--port", "8123", "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
@@ -506,7 +506,7 @@ def test_make_run_passes_port_and_host_to_up():
 
 
 def test_supervisor_gives_children_the_environment_it_was_given(monkeypatch):
-    monkeypatch.setattr("dashboard.supervisor.subprocess.Popen", _FakeProcess)
+    monkeypatch.setattr("dashboard.site.supervisor.subprocess.Popen", _FakeProcess)
     supervisor = Supervisor({"web": ["w"]}, env={"LOG_LEVEL": "WARNING"}, log=lambda _: None)
     supervisor._start(supervisor.children[0], now=0.0)
     assert supervisor.children[0].process.env == {"LOG_LEVEL": "WARNING"}
@@ -580,7 +580,7 @@ class _StubbornProcess(_FakeProcess):
 
 
 def test_a_child_that_ignores_sigterm_is_killed_and_that_is_logged(monkeypatch):
-    monkeypatch.setattr("dashboard.supervisor.subprocess.Popen", _StubbornProcess)
+    monkeypatch.setattr("dashboard.site.supervisor.subprocess.Popen", _StubbornProcess)
     lines: list[str] = []
     supervisor = Supervisor({"worker": ["k"]}, log=lines.append, stop_timeout=0.01)
     supervisor._start(supervisor.children[0], now=0.0)

@@ -473,7 +473,7 @@ class System:
             {
                 "DATABASE_URL": self.pg.url(),
                 "REDIS_URL": self.redis.url(0),
-                "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+                "DJANGO_SETTINGS_MODULE": "dashboard.site.settings",
                 "DJANGO_DEBUG": "0",
                 "DJANGO_SECRET_KEY": "faults-secret-key-" + "k" * 40,
                 "GOVERNANCE_CALLBACK_SECRET": "faults-callback-secret-" + "c" * 20,
@@ -526,7 +526,7 @@ class System:
 
     def start_web(self) -> None:
         self._spawn("web", [
-            sys.executable, "-m", "uvicorn", "dashboard.asgi:application",
+            sys.executable, "-m", "uvicorn", "dashboard.site.asgi:application",
             "--host", "127.0.0.1", "--port", str(self.web_port), "--no-access-log",
             "--log-level", "warning",
         ])  # fmt: skip
@@ -703,7 +703,7 @@ import json, os, secrets
 import django
 django.setup()
 from django.contrib.auth.models import Permission, User
-from dashboard.api import token_digest
+from governance.services.tokens import token_digest
 from governance.models import AlertChannel, ApiToken, Provider
 spec = json.loads(os.environ["FAULTS_SEED"])
 for provider_id, script in spec.get("providers", {}).items():

@@ -271,7 +271,7 @@ def test_a_single_turn_run_settles_on_sqlite_the_embedded_default(tmp_path: Path
         **{k: v for k, v in os.environ.items() if k not in inherited},
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "GOVERNANCE_VAR_DIR": str(tmp_path / "var"),
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        "DJANGO_SETTINGS_MODULE": "dashboard.site.settings",
         "LOG_LEVEL": "WARNING",
     }
     done = subprocess.run(

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from dashboard.api import token_digest
 from governance import time_source
 from governance.models import ApiToken, Provider, Run
+from governance.services.tokens import token_digest
 from tasks import celery_app
 from tests.conftest import requires_services
 

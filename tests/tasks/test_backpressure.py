@@ -101,7 +101,7 @@ def test_r6_7_healthz_reports_each_queue_depth_and_oldest_wait(
 
 
 def test_r6_7_backpressure_is_on_by_default():
-    import dashboard.settings as configured  # the module, not the suite's override
+    import dashboard.site.settings as configured  # the module, not the suite's override
 
     assert configured.GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS == 120
     assert configured.GOVERNANCE_ADMISSION_MAX_QUEUED == 5000

@@ -1,4 +1,4 @@
-"""dashboard.redis_transport: a torn-down connection is a connection error (R6.5)."""
+"""dashboard.site.redis_transport: a torn-down connection is a connection error (R6.5)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import redis
 from kombu import Connection
 from kombu.common import ignore_errors
 
-from dashboard.redis_transport import Channel
+from dashboard.site.redis_transport import Channel
 
 
 def test_r6_5_the_app_uses_the_guarded_transport(settings):
@@ -20,7 +20,9 @@ def test_r6_5_the_app_uses_the_guarded_transport(settings):
 
 
 def test_r6_5_a_channel_whose_connection_is_gone_raises_what_celery_ignores(settings):
-    conn = Connection(settings.CELERY_BROKER_URL, transport="dashboard.redis_transport:Transport")
+    conn = Connection(
+        settings.CELERY_BROKER_URL, transport="dashboard.site.redis_transport:Transport"
+    )
     channel = conn.default_channel
     channel.connection.client = None  # what the outage left behind
     channel._pool = None

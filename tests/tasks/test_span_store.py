@@ -763,7 +763,7 @@ def test_r6_1_the_count_cap_holds_while_writing_more_than_the_cap():
 @pytest.mark.django_db(transaction=True)
 def test_r6_1_build_providers_configures_the_writer_and_its_cap_from_settings(settings):
     """R6.1: build_providers' store processor takes its flush timing and cap
-    check from settings (defined once in dashboard/settings.py)."""
+    check from settings (defined once in dashboard/site/settings.py)."""
     from governance import time_source
     from tasks.span_store import SpanStoreProcessor as Processor
 

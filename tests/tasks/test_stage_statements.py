@@ -120,7 +120,7 @@ def test_a_poll_of_a_runs_detail_is_seven_plain_statements(api, scripted_provide
     assert body["settlement"] and body["attempts"] and body["chunks"] and body["budget"]
     assert len(polled) <= 7, "\n".join(q["sql"][:120] for q in polled.captured_queries)
     assert built == []
-    # Once dashboard.asgi is imported, this process's span store writes the stage's
+    # Once dashboard.site.asgi is imported, this process's span store writes the stage's
     # spans from its own thread: written now, they leave with this test's rows.
     getattr(trace.get_tracer_provider(), "force_flush", lambda: True)()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.env import parse_duration
+from dashboard.site.env import parse_duration
 from governance import time_source
 
 

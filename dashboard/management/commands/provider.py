@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.api import provider_json, script_problem
+from dashboard.api.providers import provider_json, script_problem
 from governance import time_source
 from governance.models import Provider
 from governance.services import ServiceError

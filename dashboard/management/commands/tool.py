@@ -20,7 +20,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.tool_api import refresh_listing, tool_json
+from dashboard.api.tools import refresh_listing, tool_json
 from governance import time_source
 from governance.models import ToolServer
 from governance.services import ServiceError, tool_registry, tool_servers

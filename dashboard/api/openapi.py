@@ -1,0 +1,371 @@
+"""The API's OpenAPI 3.1 description, built from the same pydantic models that
+validate the requests (``dashboard/api/schemas.py``): ``GET /api/v1/openapi.json``,
+and the browsable page ``/docs/api/`` in the dashboard.
+
+pydantic writes JSON Schema 2020-12, which is OpenAPI 3.1's schema dialect, so
+the models' schemas go into ``components.schemas`` unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from dashboard.api import schemas as s
+from dashboard.api.base import error_response
+
+REF = "#/components/schemas/{model}"
+
+ERRORS = {
+    400: "bad input: the field and why (nothing was written)",
+    401: "no token, or an unknown or revoked one",
+    403: "the token's user lacks the permission",
+    404: "no such object",
+    405: "another method is used on this address",
+    409: "the request conflicts with the object's state",
+    413: f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes",
+    415: "the body is not Content-Type: application/json",
+    429: "the turns queue is backed up: the run was not admitted; retry after Retry-After seconds",
+    500: "an internal error (logged with the reference it names)",
+    503: "the database is unavailable for a moment: nothing was written; retry (Retry-After)",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    answers: dict[int, tuple[str, type[BaseModel] | None]]
+    body: type[BaseModel] | None = None
+    errors: tuple[int, ...] = (401, 405, 500)
+    tags: tuple[str, ...] = ()
+    parameters: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    description: str = ""
+    media_type: str = "application/json"
+
+
+def _path_id(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": f"the {what}'s id (a UUID)",
+        "schema": {"type": "string", "format": "uuid"},
+    }
+
+
+THREAD_ID = _path_id("thread_id", "thread")
+RUN_ID = _path_id("run_id", "run")
+WRITE = (400, 401, 404, 405, 413, 415, 500)
+
+
+def _query(model: type[BaseModel]) -> tuple[dict[str, Any], ...]:
+    """A query model's fields as OpenAPI query parameters (``null`` means absent)."""
+    schema = model.model_json_schema(ref_template=REF)
+    required = set(schema.get("required", []))
+    parameters = []
+    for name, spec in schema["properties"].items():
+        spec = {k: v for k, v in spec.items() if k != "title"}
+        options = [o for o in spec.pop("anyOf", []) if o.get("type") != "null"]
+        if options:
+            spec = {**spec, **options[0]}
+        if spec.get("default", "") is None:
+            del spec["default"]
+        parameters.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": name in required,
+                "description": spec.pop("description", ""),
+                "schema": spec,
+            }
+        )
+    return tuple(parameters)
+
+
+NOTIFICATION_ID = {
+    "name": "notification_id",
+    "in": "path",
+    "required": True,
+    "description": "the notification's id",
+    "schema": {"type": "integer", "minimum": 1},
+}
+PROVIDER_ID = {
+    "name": "provider_id",
+    "in": "path",
+    "required": True,
+    "description": "the provider's id (a slug)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[-a-zA-Z0-9_]+$"},
+}
+TOOL_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "the registry entry's name (a slug)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 40, "pattern": "^[-a-zA-Z0-9_]+$"},
+}
+SEGMENT_KEY = {
+    "name": "segment_key",
+    "in": "path",
+    "required": True,
+    "description": "the segment's key, `session#number`: send `#` as `%23`",
+    "schema": {"type": "string", "maxLength": 64, "pattern": "^[^#/]+#[1-9][0-9]*$"},
+}
+READ = (400, 401, 405, 500)
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post", "/api/v1/threads", "Create a thread (its first session and segment, R1.2)",
+        {201: ("the thread, with its open segment", s.ThreadAnswer)},
+        body=s.ThreadCreate, errors=(400, 401, 405, 413, 415, 500), tags=("threads",),
+    ),
+    Operation(
+        "get", "/api/v1/threads/{thread_id}", "A thread and its open segment",
+        {200: ("the thread", s.ThreadAnswer)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/threads/{thread_id}/segment",
+        "The thread's open segment with each provider's verdict (R8.1)",
+        {200: ("the open segment", s.SegmentAnswer)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/threads/{thread_id}/runs", "Submit a run on the thread's open segment",
+        {
+            202: ("admitted; its first stage is queued", s.RunAccepted),
+            200: ("the idempotency key's run, made earlier", s.RunAccepted),
+        },
+        body=s.RunSubmit, errors=(*WRITE, 429), tags=("runs",), parameters=(THREAD_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/threads/{thread_id}/boundaries",
+        "Force a new segment: compact, fresh start, model switch … (R1.3, R8.3)",
+        {
+            201: ("the new open segment", s.SegmentAnswer),
+            200: ("the idempotency key's boundary, made earlier", s.SegmentAnswer),
+        },
+        body=s.BoundaryApply, errors=(*WRITE, 403, 409), tags=("threads",),
+        parameters=(THREAD_ID,),
+        description="Needs the `apply_boundary` permission, like the dashboard's button.",
+    ),
+    Operation(
+        "get", "/api/v1/runs/{run_id}", "A run: lifecycle, stages and clocks, attempts, "
+        "budget, receipts, body and settlement",
+        {200: ("the run", s.RunAnswer)}, errors=(400, 401, 404, 405, 500), tags=("runs",),
+        parameters=(RUN_ID, *_query(s.RunQuery)),
+    ),
+    Operation(
+        "post", "/api/v1/runs/{run_id}/cancel", "Stop a run (R7.1: only an explicit stop cancels)",
+        {202: ("the stop is recorded; the run settles as cancelled", s.CancelAnswer)},
+        errors=(401, 404, 405, 409, 500), tags=("runs",), parameters=(RUN_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/runs/{run_id}/events", "The run's events as Server-Sent Events (R7.1)",
+        {200: ("an event stream; each event's id is its RunEvent id", None)},
+        errors=(400, 401, 404, 405, 500), tags=("runs",),
+        parameters=(
+            RUN_ID,
+            {
+                "name": "last_event_id", "in": "query", "required": False,
+                "description": "resume after this event id (or the Last-Event-ID header)",
+                "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+            },
+        ),
+        media_type="text/event-stream",
+    ),
+    Operation(
+        "post", "/api/v1/runs/{run_id}/acks",
+        "Acknowledge the chunks the client has shown (R7.2, R7.3)",
+        {200: ("what is committed, sent and observed now", s.AckAnswer)},
+        body=s.AckBody, errors=WRITE, tags=("runs",), parameters=(RUN_ID,),
+    ),
+    Operation(
+        "get", "/api/v1/threads", "Threads, newest first (cursor-paged)",
+        {200: ("one page of threads and the next cursor", s.ThreadPage)},
+        errors=READ, tags=("threads",), parameters=_query(s.ThreadQuery),
+    ),
+    Operation(
+        "get", "/api/v1/segments/{segment_key}",
+        "Any segment (open or closed) by key, with each provider's verdict (R8.1)",
+        {200: ("the segment", s.SegmentDetail)}, errors=(401, 404, 405, 500),
+        tags=("threads",), parameters=(SEGMENT_KEY,),
+    ),
+    Operation(
+        "get", "/api/v1/notifications",
+        "Notifications (refusal and freeze alerts, R3.6, R8.2), newest first (cursor-paged)",
+        {200: ("one page of notifications and the next cursor", s.NotificationPage)},
+        errors=READ, tags=("notifications",), parameters=_query(s.NotificationQuery),
+    ),
+    Operation(
+        "post", "/api/v1/notifications/{notification_id}/ack",
+        "Acknowledge a notification (R8.2): once; again answers who was first",
+        {200: ("the notification, acknowledged", s.NotificationAcked)},
+        errors=(401, 403, 404, 405, 500), tags=("notifications",),
+        parameters=(NOTIFICATION_ID,),
+        description="Needs the `acknowledge_notification` permission, like the inbox's "
+        "button. No body.",
+    ),
+    Operation(
+        "get", "/api/v1/providers", "Providers: configuration and breaker state",
+        {200: ("every provider", s.ProviderList)}, errors=(401, 405, 500),
+        tags=("providers",),
+    ),
+    Operation(
+        "post", "/api/v1/providers", "Add a provider",
+        {201: ("the new provider", s.ProviderAnswer)},
+        body=s.ProviderCreate, errors=(400, 401, 403, 405, 409, 413, 415, 500),
+        tags=("providers",),
+        description="Needs the `change_provider` permission. The key is named by its "
+        "environment variable (`key_env`), never sent: a field such as `api_key` is "
+        "refused as unknown. openai and anthropic kinds need `base_url`; scripted needs "
+        "`script`.",
+    ),
+    Operation(
+        "get", "/api/v1/providers/{provider_id}", "A provider",
+        {200: ("the provider", s.ProviderAnswer)}, errors=(401, 404, 405, 500),
+        tags=("providers",), parameters=(PROVIDER_ID,),
+    ),
+    Operation(
+        "patch", "/api/v1/providers/{provider_id}",
+        "Change a provider: enable/disable, model, base URL, key variable, timeouts",
+        {200: ("the provider as changed", s.ProviderAnswer)},
+        body=s.ProviderUpdate, errors=(*WRITE, 403), tags=("providers",),
+        parameters=(PROVIDER_ID,),
+        description="Needs the `change_provider` permission. Only the fields sent change; "
+        "a disabled provider is skipped by routing.",
+    ),
+    Operation(
+        "get", "/api/v1/insights/reprobes",
+        "Re-probe outcomes: how often refused requests flip to accepted, per tier (R3)",
+        {200: ("per tier (original refused send, re-render, history-only, re-probe n, first "
+               "send after a boundary) and per provider, model and category", s.ReprobeInsights)},
+        errors=(400, 401, 403, 405, 500), tags=("insights",),
+        parameters=_query(s.InsightsQuery),
+        description="Needs the `view_insights` permission (operators and managers). The "
+        "acceptance rate is accepted / (accepted + refused) with its 95 % Wilson interval; "
+        "failed sends (time-based failures) gave no answer and are counted apart. Default "
+        "period: the 7 days before now; at most 366 days.",
+    ),
+    Operation(
+        "get", "/api/v1/tools", "The tool registry: MCP servers and HTTP tools",
+        {200: ("every registry entry", s.ToolList)}, errors=(401, 405, 500), tags=("tools",),
+    ),
+    Operation(
+        "post", "/api/v1/tools", "Register an MCP server or an HTTP tool",
+        {201: ("the entry, with the tools it exposes", s.ToolDetail)},
+        body=s.ToolCreate, errors=(400, 401, 403, 405, 409, 413, 415, 500), tags=("tools",),
+        description="Needs the `change_toolserver` permission. An mcp server is listed at "
+        "once (`tools/list` over Streamable HTTP); its tools are `name.tool`, and a thread's "
+        "`tool_surface` may name them or `name.*`. An http tool needs `method`, "
+        "`description`, `parameters` (JSON Schema) and `effect`. A bearer token is named by "
+        "its environment variable (`token_env`), never sent.",
+    ),
+    Operation(
+        "get", "/api/v1/tools/{name}", "A registry entry and the tools it exposes",
+        {200: ("the entry and its cached listing", s.ToolDetail)},
+        errors=(401, 404, 405, 500), tags=("tools",), parameters=(TOOL_NAME,),
+    ),
+    Operation(
+        "patch", "/api/v1/tools/{name}",
+        "Change a registry entry: enable/disable, effect overrides, list again",
+        {200: ("the entry as changed", s.ToolDetail)},
+        body=s.ToolUpdate, errors=(*WRITE, 403), tags=("tools",), parameters=(TOOL_NAME,),
+        description="Needs the `change_toolserver` permission. A change of the schemas a "
+        "thread sees (a new listing, enabling or disabling) is a tool-surface boundary for "
+        "that thread (R1.3); `boundaries` names the segments it opened.",
+    ),
+)  # fmt: skip
+
+_DESCRIBED = {
+    model: None
+    for op in OPERATIONS
+    for model in (op.body, *(m for _, m in op.answers.values()))
+    if model is not None
+}
+MODELS: tuple[type[BaseModel], ...] = (*_DESCRIBED, s.ErrorAnswer)
+
+
+def _content(model: type[BaseModel] | None, media_type: str) -> dict[str, Any]:
+    if model is None:
+        return {media_type: {"schema": {"type": "string"}}}
+    return {media_type: {"schema": {"$ref": REF.format(model=model.__name__)}}}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        str(status): {"description": words, "content": _content(model, op.media_type)}
+        for status, (words, model) in op.answers.items()
+    }
+    for status in (*op.errors, 503) if 500 in op.errors else op.errors:
+        responses[str(status)] = {
+            "description": ERRORS[status],
+            "content": _content(s.ErrorAnswer, "application/json"),
+        }
+    responses = dict(sorted(responses.items()))
+    described: dict[str, Any] = {
+        "operationId": re.sub(r"[^a-z0-9]+", "_", f"{op.method} {op.path}").strip("_"),
+        "summary": op.summary,
+        "tags": list(op.tags),
+        "parameters": list(op.parameters),
+        "responses": responses,
+    }
+    if op.description:
+        described["description"] = op.description
+    if op.body is not None:
+        described["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}
+            },
+        }
+    return described
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    _, schemas = models_json_schema([(model, "validation") for model in MODELS], ref_template=REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Agent governance API",
+            "version": "1",
+            "description": (
+                "Runs of LLM agents under governance rules (docs/rules.md). Every request "
+                "sends `Authorization: Bearer <token>` (`manage.py create_api_token`). Bad "
+                'input answers 4xx with `{"error": {"field": …, "message": …}}` and writes '
+                "nothing; bodies are JSON objects of at most "
+                f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes, and unknown fields are "
+                "refused by name."
+            ),
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+@csrf_exempt
+def openapi_json(request: HttpRequest) -> JsonResponse:
+    """GET /api/v1/openapi.json — public: a client generator needs no token."""
+    if request.method != "GET":
+        response = error_response(405, None, "use GET on this address")
+        response["Allow"] = "GET"
+        return response
+    return JsonResponse(openapi_document(), json_dumps_params={"indent": 1})

@@ -1,0 +1,23 @@
+"""Tools page (issue 11): the tool registry as the runtime governs it — each
+MCP server or HTTP tool, its listed tools with their effect class and wire
+name, the schema version and when it was last listed. Read-only for every
+logged-in role; registering and changing go through the API or
+``manage.py tool`` (the ``change_toolserver`` permission)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from dashboard.queries.tools import tool_detail_json
+from governance.models import ToolServer
+from tasks.tools import TOOL_SPECS
+
+
+@require_GET
+@login_required
+def tools(request: HttpRequest) -> HttpResponse:
+    rows = [tool_detail_json(server) for server in ToolServer.objects.order_by("name")]
+    return render(request, "tools/list.html", {"rows": rows, "builtins": sorted(TOOL_SPECS)})

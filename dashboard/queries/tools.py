@@ -1,0 +1,56 @@
+"""The tool registry as the API and the Tools page show it: each MCP server or
+HTTP tool, its listed tools with their effect class and wire name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard.queries.secrets import secret_present
+from governance.models import ToolServer
+from governance.rules import tools as tool_rules
+from governance.services import tool_servers
+
+
+def tool_json(server: ToolServer) -> dict[str, Any]:
+    """A registry entry: its token's variable *name* and whether it is set, never a token."""
+    http = server.kind == ToolServer.Kind.HTTP
+    return {
+        "name": server.name,
+        "kind": server.kind,
+        "url": server.url,
+        "token_env": server.token_env or None,
+        "token_present": secret_present(server.token_env),
+        "method": server.method or None,
+        "effect": server.effect or None,
+        "verify_url": server.verify_url or None,
+        "timeout_s": server.timeout_s,
+        "enabled": server.enabled,
+        "effect_overrides": dict(server.effect_overrides or {}),
+        "schema_version": server.schema_version,
+        "listed_at": server.listed_at.isoformat() if server.listed_at else None,
+        "list_error": server.list_error or None,
+        "tool_count": 1 if http else len(server.listed_tools),
+        "created_at": server.created_at.isoformat(),
+        "updated_at": server.updated_at.isoformat(),
+    }
+
+
+def tool_detail_json(server: ToolServer, opened=()) -> dict[str, Any]:
+    tools = tool_servers.server_tools(server)
+    wire = tool_rules.wire_names(t.name for t in tools)
+    return {
+        **tool_json(server),
+        "tools": [
+            {
+                "name": t.name,
+                "tool": t.tool,
+                "description": t.description,
+                "parameters": t.parameters,
+                "annotations": t.annotations,
+                "effect": t.effect_class,
+                "wire_name": wire[t.name],
+            }
+            for t in tools
+        ],
+        "boundaries": [segment.key for segment in opened],
+    }

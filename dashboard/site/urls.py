@@ -1,0 +1,22 @@
+"""The URL root: the pages, the API, sign-in and Django's admin."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from dashboard.api.urls import api_patterns
+from dashboard.pages.urls import page_patterns
+
+urlpatterns = [
+    *page_patterns,
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    *api_patterns,
+]
+
+# Errors under /api/ answer JSON; elsewhere Django's plain pages (dashboard/site/errors.py).
+handler400 = "dashboard.site.errors.bad_request"
+handler403 = "dashboard.site.errors.permission_denied"
+handler404 = "dashboard.site.errors.page_not_found"
+handler500 = "dashboard.site.errors.server_error"
