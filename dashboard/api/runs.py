@@ -27,129 +27,36 @@ from dashboard.api.base import (
 )
 from dashboard.api.schemas import RunQuery, RunSubmit
 from dashboard.queries import costs
+from dashboard.queries.run_detail import run_facts
 from dashboard.site import permissions
 from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import (
-    BodyChunk,
-    Provider,
-    ProviderAttempt,
     Run,
     Segment,
-    Settlement,
-    Stage,
     Thread,
-    ToolReceipt,
 )
-from governance.rules.cost import Prices, attempt_cost, summarize_costs
+from governance.rules.cost import attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
-from governance.services.budget import run_budget_view_later
 from governance.services.errors import RunSettled
 from governance.services.stream import run_is_settled
 from tasks import instrumentation as spans
 
-# --------------------------------------------------------------------------- plain reads
-# A run's submit and the poll of its detail are the API's hot requests. Their
-# reads are fixed SQL texts: building a queryset's SQL costs more CPU than the
-# statement's round trip. Each value is still read as the ORM reads its field
-# (Django's converters: JSON from text; SQLite's dates, UUIDs and decimals).
-
-
-RUN = sql.Read(
-    {
-        **sql.fields_of(
-            Run, "id", "thread_id", "status", "phase", "input", "created_at", "deadline_at",
-            "last_progress_at", "cancel_requested_at", "decisions",
-        ),
-        **sql.fields_of(Segment, "key", prefix="segment_"),
-        **sql.fields_of(
-            Settlement, "outcome", "reason_code", "reason", "unknown_effects", "settled_at",
-            prefix="settlement_",
-        ),
-    },
-    "FROM governance_run"
-    " JOIN governance_segment ON governance_segment.id = governance_run.segment_id"
-    " LEFT JOIN governance_settlement ON governance_settlement.run_id = governance_run.id"
-    " WHERE governance_run.id = %s",
-)  # fmt: skip
-RUN_STAGES = sql.Read(
-    sql.fields_of(
-        Stage, "seq", "kind", "enqueued_at", "started_at", "finished_at", "outcome",
-        "timeout_name", "failure_class", "detail", "clocks", "deliveries",
-    ),
-    "FROM governance_stage WHERE run_id = %s ORDER BY seq",
-)  # fmt: skip
-# The provider is joined: an attempt's cost adds no query (issue 12, governance.rules.cost).
-RUN_ATTEMPTS = sql.Read(
-    {
-        **sql.fields_of(
-            ProviderAttempt, "model", "kind", "result", "failure_class", "refusal_category",
-            "status_code", "latency_ms", "usage",
-        ),
-        **sql.fields_of(Stage, "seq", prefix="stage_"),
-        **sql.fields_of(Segment, "key", prefix="segment_"),
-        **sql.fields_of(
-            Provider, "provider_id", "price_input_per_mtok", "price_output_per_mtok",
-            "price_cached_per_mtok", "currency",
-        ),
-    },
-    "FROM governance_providerattempt"
-    " JOIN governance_stage ON governance_stage.id = governance_providerattempt.stage_id"
-    " JOIN governance_segment ON governance_segment.id = governance_providerattempt.segment_id"
-    " JOIN governance_provider ON governance_provider.id = governance_providerattempt.provider_id"
-    " WHERE governance_providerattempt.run_id = %s"
-    " ORDER BY governance_providerattempt.started_at, governance_providerattempt.id",
-)  # fmt: skip
-RUN_RECEIPTS = sql.Read(
-    sql.fields_of(
-        ToolReceipt, "tool", "idempotency_key", "effect", "verified_at", "error", "server",
-        "schema_version", "effect_class", "created_at", "finished_at",
-    ),
-    "FROM governance_toolreceipt WHERE run_id = %s ORDER BY id",
-)  # fmt: skip
-RUN_CHUNKS = sql.Read(
-    sql.fields_of(
-        BodyChunk, "chunk_no", "version", "text", "final", "committed_at", "sent_at", "observed_at"
-    ),
-    "FROM governance_bodychunk WHERE run_id = %s ORDER BY chunk_no",
-)
-
 
 def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any] | None:
-    """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run), read
-    with plain statements: a client polls it to see its run settle.
-    ``settled_only``: None while the run is not settled (nothing is built)."""
-    key = db_value(Run, run_id)
-    # Six reads, one round trip (on PostgreSQL): a waiting client's answer is
-    # on the path from the settlement to the client.
-    with sql.together():
-        reads = [
-            read.later(key) for read in (RUN, RUN_STAGES, RUN_ATTEMPTS, RUN_RECEIPTS, RUN_CHUNKS)
-        ]
-        budget_read = run_budget_view_later(run_id)
-    # Read once the block has ended: its end is the round trip.
-    found, stages, attempts, receipts, chunks = (read.value() for read in reads)
-    budget = budget_read.value()
-    if not found or (settled_only and found[0].settlement_settled_at is None):
+    """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run), from
+    the run's facts as the run page reads them (``dashboard.queries.run_detail``).
+    ``settled_only``: None while the run is not settled (nothing more is read)."""
+    facts = run_facts(run_id, settled_only=settled_only)
+    if facts is None:
         return None
-    run = found[0]
-    attempt_costs = [
-        attempt_cost(
-            attempt.usage,
-            Prices(
-                input=attempt.price_input_per_mtok,
-                output=attempt.price_output_per_mtok,
-                cached=attempt.price_cached_per_mtok,
-                currency=attempt.currency,
-            ),
-        )
-        for attempt in attempts
-    ]
+    run, settlement = facts.run, facts.settlement
+    attempt_costs = [attempt_cost(a.usage, costs.prices_of(a.provider)) for a in facts.attempts]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
-        "segment": run.segment_key,
+        "segment": run.segment.key,
         "status": run.status,
         "phase": run.phase,
         "input": run.input,
@@ -172,12 +79,12 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
                 "clocks": stage.clocks,
                 "deliveries": stage.deliveries,
             }
-            for stage in stages
+            for stage in facts.stages
         ],
         "attempts": [
             {
-                "stage": attempt.stage_seq,
-                "provider_id": attempt.provider_id,
+                "stage": attempt.stage.seq,
+                "provider_id": attempt.provider.provider_id,
                 "model": attempt.model,
                 "kind": attempt.kind,
                 "result": attempt.result,
@@ -185,20 +92,20 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
                 "refusal_category": attempt.refusal_category or None,
                 "status_code": attempt.status_code,
                 "latency_ms": attempt.latency_ms,
-                "segment": attempt.segment_key,
+                "segment": attempt.segment.key,
                 "cost": costs.attempt_cost_json(cost),
             }
-            for attempt, cost in zip(attempts, attempt_costs, strict=True)
+            for attempt, cost in zip(facts.attempts, attempt_costs, strict=True)
         ],
         "cost": costs.summary_json(
             summarize_costs(
                 (attempt.result, cost)
-                for attempt, cost in zip(attempts, attempt_costs, strict=True)
+                for attempt, cost in zip(facts.attempts, attempt_costs, strict=True)
             )
         ),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
-            for name, b in (budget or {}).items()
+            for name, b in (facts.budget or {}).items()
         },
         "receipts": [
             {
@@ -207,13 +114,13 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
                 "effect": receipt.effect,
                 "verified_at": iso(receipt.verified_at),
                 "error": receipt.error or None,
-                # A registry tool's (issue 11): its server, schema version and effect class.
+                # A registry tool's: its server, schema version and effect class.
                 "server": receipt.server or None,
                 "schema_version": receipt.schema_version,
                 "effect_class": receipt.effect_class or None,
                 "latency_ms": receipt_latency_ms(receipt),
             }
-            for receipt in receipts
+            for receipt in facts.receipts
         ],
         "chunks": [
             {
@@ -224,18 +131,18 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
                 "sent_at": iso(chunk.sent_at),
                 "observed_at": iso(chunk.observed_at),
             }
-            for chunk in chunks
+            for chunk in facts.chunks
         ],
-        "body": "".join(chunk.text for chunk in chunks if chunk.version is not None),
+        "body": facts.body,
         "settlement": (
             {
-                "outcome": run.settlement_outcome,
-                "reason_code": run.settlement_reason_code,
-                "reason": run.settlement_reason,
-                "unknown_effects": run.settlement_unknown_effects,
-                "settled_at": run.settlement_settled_at.isoformat(),
+                "outcome": settlement.outcome,
+                "reason_code": settlement.reason_code,
+                "reason": settlement.reason,
+                "unknown_effects": settlement.unknown_effects,
+                "settled_at": settlement.settled_at.isoformat(),
             }
-            if run.settlement_settled_at is not None  # a settlement always has its time
+            if settlement is not None
             else None
         ),
     }
@@ -246,10 +153,10 @@ THREAD_AND_OPEN_SEGMENT = sql.Read(
         **sql.fields_of(Thread, "id", "callback_url"),
         **sql.fields_of(Segment, "id", "key", prefix="segment_"),
     },
-    "FROM governance_thread LEFT JOIN governance_segment"
-    " ON governance_segment.thread_id = governance_thread.id"
-    " AND governance_segment.closed_at IS NULL"
-    " WHERE governance_thread.id = %s",
+    f"FROM {sql.table(Thread)} LEFT JOIN {sql.table(Segment)}"
+    f" ON {sql.table(Segment)}.thread_id = {sql.table(Thread)}.id"
+    f" AND {sql.table(Segment)}.closed_at IS NULL"
+    f" WHERE {sql.table(Thread)}.id = %s",
 )
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
-from django.shortcuts import get_object_or_404
+from django.http import Http404
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from governance import services
+from dashboard.queries.run_detail import run_facts, settlement_of
 from governance.models import (
     BodyChunk,
     BudgetEntry,
@@ -220,7 +220,7 @@ class RunRow:
 def run_rows(runs: list[Run], now: datetime) -> list[RunRow]:
     rows = []
     for run in runs:
-        settlement = _settlement_of(run)
+        settlement = settlement_of(run)
         end = settlement.settled_at if settlement else now
         path = last_path(run.decisions)
         rows.append(
@@ -234,13 +234,6 @@ def run_rows(runs: list[Run], now: datetime) -> list[RunRow]:
             )
         )
     return rows
-
-
-def _settlement_of(run: Run):
-    try:
-        return run.settlement
-    except Run.settlement.RelatedObjectDoesNotExist:
-        return None
 
 
 # --------------------------------------------------------------------------- detail
@@ -366,43 +359,18 @@ RESOURCE_WORDS = {
 }
 
 
-# What the page shows of each attempt (``dashboard/pages/run_html.py``) and prices it by
-# (``usage``): not its digest, error text, tool names or Insights columns.
-_ATTEMPT_SHOWN = (
-    "id", "run", "stage", "provider", "model", "kind", "started_at", "latency_ms", "result",
-    "failure_class", "refusal_category", "status_code", "usage",
-)  # fmt: skip
-
-
 def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     """Everything the run page shows, in a fixed number of queries (404 if unknown)."""
-    run = get_object_or_404(
-        Run.objects.select_related("thread", "segment", "settlement", "budget", "previous_run"),
-        id=run_id,
-    )
-    settlement = _settlement_of(run)
-    stages = list(run.stages.order_by("seq"))
-    # Each attempt's stage is one of ``stages`` and its provider one of a few: shared
-    # instances, not one joined copy per attempt (issue 12: at 100 attempts the joined
-    # rows cost more than every other query of the page together, bench/scale.py).
-    attempts = list(
-        ProviderAttempt.objects.filter(run=run)
-        .only(*_ATTEMPT_SHOWN)
-        .prefetch_related("provider")
-        .order_by("started_at", "id")
-    )
-    stage_of = {stage.id: stage for stage in stages}
-    for attempt in attempts:
-        if attempt.stage_id in stage_of:
-            attempt.stage = stage_of[attempt.stage_id]
-    receipts = list(ToolReceipt.objects.filter(run=run).select_related("stage").order_by("id"))
-    chunks = list(BodyChunk.objects.filter(run=run).order_by("chunk_no"))
+    facts = run_facts(run_id)
+    if facts is None:
+        raise Http404("no such run")
+    run, settlement, stages = facts.run, facts.settlement, facts.stages
+    attempts, receipts, chunks = facts.attempts, facts.receipts, facts.chunks
     spans = list(SpanRecord.objects.filter(run_id=run.id).order_by("start", "id")[:SPANS_PER_RUN])
 
     budget, reserve, ledger = [], None, []
-    account = _budget_of(run)
-    if account is not None:
-        for resource, balance in services.budget_view(run).items():
+    if facts.budget is not None:
+        for resource, balance in facts.budget.items():
             row = BudgetRow(
                 resource=resource,
                 words=RESOURCE_WORDS.get(resource, resource.replace("_", " ")),
@@ -415,7 +383,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
             else:
                 budget.append(row)
         ledger = list(
-            BudgetEntry.objects.filter(account=account).select_related("stage").order_by("id")
+            BudgetEntry.objects.filter(account=run.budget).select_related("stage").order_by("id")
         )
 
     per_stage: dict[int, int] = {}
@@ -463,18 +431,11 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         unknown_uses=[e for e in ledger if e.outcome == "unknown"],
         receipts=receipts,
         chunks=chunks,
-        body="".join(c.text for c in chunks if c.version is not None),
+        body=facts.body,
         delivery=_delivery_evidence(chunks),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
         deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),
     )
-
-
-def _budget_of(run: Run):
-    try:
-        return run.budget
-    except Run.budget.RelatedObjectDoesNotExist:
-        return None
 
 
 def _decisions(raw: Any, origin: datetime) -> list[dict[str, Any]]:

