@@ -58,7 +58,6 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from governance.services import statements as sql
 from tasks.instrumentation import (
     EXECUTION_KIND,
     RUN_KIND,
@@ -162,9 +161,7 @@ class DatabaseSpanExporter(SpanExporter):
             if rows:
                 # Our own INSERT must not become psycopg spans that we store again.
                 with suppress_instrumentation():
-                    # Fixed SQL per batch size (no queryset compiled): this
-                    # write's CPU is taken from the stage running beside it.
-                    sql.insert(rows, ignore_conflicts=True, using=self.using)
+                    _model().objects.using(self.using).bulk_create(rows, ignore_conflicts=True)
         except Exception:
             with self._lock:
                 self.failed_exports += 1

@@ -28,7 +28,6 @@ from pydantic import ValidationError as PydanticValidationError
 from dashboard.site import permissions
 from governance import services, time_source
 from governance.models import ApiToken
-from governance.services import statements as sql
 from governance.services.admission import Overloaded
 from governance.services.tokens import token_digest
 
@@ -55,12 +54,6 @@ def error_response(status: int, field: str | None, message: str) -> JsonResponse
 # reads are fixed SQL texts: building a queryset's SQL costs more CPU than the
 # statement's round trip. Each value is still read as the ORM reads its field
 # (Django's converters: JSON from text; SQLite's dates, UUIDs and decimals).
-
-
-def db_value(model, value):
-    """``value`` of ``model``'s primary key as the database takes it (SQLite: a
-    UUID's hex)."""
-    return sql.value(model, model._meta.pk.name, value)
 
 
 TOKEN_USE_PRECISION = timedelta(minutes=1)

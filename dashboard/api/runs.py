@@ -18,7 +18,6 @@ from dashboard.api import waits as run_waits
 from dashboard.api.base import (
     ApiError,
     api_view,
-    db_value,
     iso,
     parse_body,
     parse_query,
@@ -146,6 +145,12 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
             else None
         ),
     }
+
+
+def db_value(model, value):
+    """``value`` of ``model``'s primary key as the database takes it (SQLite: a
+    UUID's hex)."""
+    return sql.value(model, model._meta.pk.name, value)
 
 
 THREAD_AND_OPEN_SEGMENT = sql.Read(
