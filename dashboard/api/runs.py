@@ -31,11 +31,16 @@ from dashboard.site import permissions
 from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import (
+    BodyChunk,
+    ProviderAttempt,
     Run,
     Segment,
+    Settlement,
+    Stage,
     Thread,
+    ToolReceipt,
 )
-from governance.rules.cost import attempt_cost, summarize_costs
+from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
 from governance.services.errors import RunSettled
@@ -51,7 +56,7 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
     if facts is None:
         return None
     run, settlement = facts.run, facts.settlement
-    attempt_costs = [attempt_cost(a.usage, costs.prices_of(a.provider)) for a in facts.attempts]
+    priced = [(a, attempt_cost(a.usage, costs.prices_of(a.provider))) for a in facts.attempts]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
@@ -64,86 +69,85 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
         "last_progress_at": iso(run.last_progress_at),
         "cancel_requested_at": iso(run.cancel_requested_at),
         "lifecycle": run.decisions,
-        "stages": [
-            {
-                "seq": stage.seq,
-                "kind": stage.kind,
-                "enqueued_at": iso(stage.enqueued_at),
-                "started_at": iso(stage.started_at),
-                "finished_at": iso(stage.finished_at),
-                "outcome": stage.outcome or None,
-                "timeout": stage.timeout_name or None,
-                "failure_class": stage.failure_class or None,
-                "detail": stage.detail or None,
-                "clocks": stage.clocks,
-                "deliveries": stage.deliveries,
-            }
-            for stage in facts.stages
-        ],
-        "attempts": [
-            {
-                "stage": attempt.stage.seq,
-                "provider_id": attempt.provider.provider_id,
-                "model": attempt.model,
-                "kind": attempt.kind,
-                "result": attempt.result,
-                "failure_class": attempt.failure_class or None,
-                "refusal_category": attempt.refusal_category or None,
-                "status_code": attempt.status_code,
-                "latency_ms": attempt.latency_ms,
-                "segment": attempt.segment.key,
-                "cost": costs.attempt_cost_json(cost),
-            }
-            for attempt, cost in zip(facts.attempts, attempt_costs, strict=True)
-        ],
-        "cost": costs.summary_json(
-            summarize_costs(
-                (attempt.result, cost)
-                for attempt, cost in zip(facts.attempts, attempt_costs, strict=True)
-            )
-        ),
+        "stages": [stage_json(stage) for stage in facts.stages],
+        "attempts": [attempt_json(attempt, cost) for attempt, cost in priced],
+        "cost": costs.summary_json(summarize_costs((a.result, cost) for a, cost in priced)),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
             for name, b in (facts.budget or {}).items()
         },
-        "receipts": [
-            {
-                "tool": receipt.tool,
-                "idempotency_key": receipt.idempotency_key,
-                "effect": receipt.effect,
-                "verified_at": iso(receipt.verified_at),
-                "error": receipt.error or None,
-                # A registry tool's: its server, schema version and effect class.
-                "server": receipt.server or None,
-                "schema_version": receipt.schema_version,
-                "effect_class": receipt.effect_class or None,
-                "latency_ms": receipt_latency_ms(receipt),
-            }
-            for receipt in facts.receipts
-        ],
-        "chunks": [
-            {
-                "chunk_no": chunk.chunk_no,
-                "version": chunk.version,
-                "final": chunk.final,
-                "committed_at": iso(chunk.committed_at),
-                "sent_at": iso(chunk.sent_at),
-                "observed_at": iso(chunk.observed_at),
-            }
-            for chunk in facts.chunks
-        ],
+        "receipts": [receipt_json(receipt) for receipt in facts.receipts],
+        "chunks": [chunk_json(chunk) for chunk in facts.chunks],
         "body": facts.body,
-        "settlement": (
-            {
-                "outcome": settlement.outcome,
-                "reason_code": settlement.reason_code,
-                "reason": settlement.reason,
-                "unknown_effects": settlement.unknown_effects,
-                "settled_at": settlement.settled_at.isoformat(),
-            }
-            if settlement is not None
-            else None
-        ),
+        "settlement": settlement_json(settlement) if settlement is not None else None,
+    }
+
+
+def stage_json(stage: Stage) -> dict[str, Any]:
+    return {
+        "seq": stage.seq,
+        "kind": stage.kind,
+        "enqueued_at": iso(stage.enqueued_at),
+        "started_at": iso(stage.started_at),
+        "finished_at": iso(stage.finished_at),
+        "outcome": stage.outcome or None,
+        "timeout": stage.timeout_name or None,
+        "failure_class": stage.failure_class or None,
+        "detail": stage.detail or None,
+        "clocks": stage.clocks,
+        "deliveries": stage.deliveries,
+    }
+
+
+def attempt_json(attempt: ProviderAttempt, cost: AttemptCost) -> dict[str, Any]:
+    return {
+        "stage": attempt.stage.seq,
+        "provider_id": attempt.provider.provider_id,
+        "model": attempt.model,
+        "kind": attempt.kind,
+        "result": attempt.result,
+        "failure_class": attempt.failure_class or None,
+        "refusal_category": attempt.refusal_category or None,
+        "status_code": attempt.status_code,
+        "latency_ms": attempt.latency_ms,
+        "segment": attempt.segment.key,
+        "cost": costs.attempt_cost_json(cost),
+    }
+
+
+def receipt_json(receipt: ToolReceipt) -> dict[str, Any]:
+    return {
+        "tool": receipt.tool,
+        "idempotency_key": receipt.idempotency_key,
+        "effect": receipt.effect,
+        "verified_at": iso(receipt.verified_at),
+        "error": receipt.error or None,
+        # A registry tool's: its server, schema version and effect class.
+        "server": receipt.server or None,
+        "schema_version": receipt.schema_version,
+        "effect_class": receipt.effect_class or None,
+        "latency_ms": receipt_latency_ms(receipt),
+    }
+
+
+def chunk_json(chunk: BodyChunk) -> dict[str, Any]:
+    return {
+        "chunk_no": chunk.chunk_no,
+        "version": chunk.version,
+        "final": chunk.final,
+        "committed_at": iso(chunk.committed_at),
+        "sent_at": iso(chunk.sent_at),
+        "observed_at": iso(chunk.observed_at),
+    }
+
+
+def settlement_json(settlement: Settlement) -> dict[str, Any]:
+    return {
+        "outcome": settlement.outcome,
+        "reason_code": settlement.reason_code,
+        "reason": settlement.reason,
+        "unknown_effects": settlement.unknown_effects,
+        "settled_at": settlement.settled_at.isoformat(),
     }
 
 
