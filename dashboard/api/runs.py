@@ -80,7 +80,7 @@ RUN_STAGES = sql.Read(
     ),
     "FROM governance_stage WHERE run_id = %s ORDER BY seq",
 )  # fmt: skip
-# The provider is joined: an attempt's cost adds no query (issue 12, governance.rules.cost).
+# The provider is joined: an attempt's cost adds no query (governance.rules.cost).
 RUN_ATTEMPTS = sql.Read(
     {
         **sql.fields_of(
@@ -207,7 +207,7 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
                 "effect": receipt.effect,
                 "verified_at": iso(receipt.verified_at),
                 "error": receipt.error or None,
-                # A registry tool's (issue 11): its server, schema version and effect class.
+                # A registry tool's: its server, schema version and effect class.
                 "server": receipt.server or None,
                 "schema_version": receipt.schema_version,
                 "effect_class": receipt.effect_class or None,

@@ -290,7 +290,7 @@ class Moment:
     def __html__(self) -> str:
         # Written here rather than by two ``date`` filters in a template included per
         # row: the run page's hundred attempts spent half its rendering on those
-        # (issue 12, bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
+        # (bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
         at = self.at.astimezone(UTC) if self.at.tzinfo is not None else self.at
         return mark_safe(  # every value escaped (format_html's escaping, without its cost)
             f'<time datetime="{escape(at.isoformat())}" title="'
@@ -383,7 +383,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     settlement = _settlement_of(run)
     stages = list(run.stages.order_by("seq"))
     # Each attempt's stage is one of ``stages`` and its provider one of a few: shared
-    # instances, not one joined copy per attempt (issue 12: at 100 attempts the joined
+    # instances, not one joined copy per attempt (at 100 attempts the joined
     # rows cost more than every other query of the page together, bench/scale.py).
     attempts = list(
         ProviderAttempt.objects.filter(run=run)

@@ -325,7 +325,7 @@ def test_auth_reads_the_token_and_its_whole_user_by_a_fixed_sql_text(
     rf, user, token_row, monkeypatch
 ):
     """Every request authenticates: building a queryset's SQL would cost more
-    than the statement (issue 8). The user is complete, as a queryset reads it."""
+    than the statement. The user is complete, as a queryset reads it."""
     from django.db.models.sql.compiler import SQLCompiler
 
     from dashboard.api.base import authenticate as _authenticate
@@ -861,7 +861,7 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "status_code": 200,
             "latency_ms": 1500,
             "segment": run.segment.key,
-            # Issue 12: no usage reported — no amount, and the reason (never 0).
+            # No usage reported — no amount, and the reason (never 0).
             "cost": {"amount": None, "currency": None, "unknown_because": "no usage reported"},
         }
     ]
@@ -877,7 +877,7 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "effect": "succeeded",
             "verified_at": None,
             "error": None,
-            # A built-in: no registry server, schema version or effect class (issue 11).
+            # A built-in: no registry server, schema version or effect class.
             "server": None,
             "schema_version": None,
             "effect_class": None,
