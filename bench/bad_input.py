@@ -1,6 +1,6 @@
 """Benchmark: bad input on the real system is refused quickly and writes nothing.
 
-Issue 10: "Unknown fields → 400 naming the field. Every string refuses NUL
+The requirement: "Unknown fields → 400 naming the field. Every string refuses NUL
 and lone surrogates; every number has a documented range; bodies over a
 documented size → 413. All of it answers ``{"error": {"field": …,
 "message": …}}`` within 50 ms, and writes nothing."

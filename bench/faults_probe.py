@@ -1,4 +1,4 @@
-"""Fault probe (issue 9): the old fault probe, re-run on the current code.
+"""Fault probe (R6.6): the old fault probe, re-run on the current code.
 
 The original probe ran 300 runs on 30 threads while the worker was SIGKILLed
 15 times, then restarted PostgreSQL under load, then flushed Redis
@@ -112,7 +112,7 @@ HARNESS_NEEDS = [
     "worker: celery prefork -c 2 -l INFO (manage.py up's default concurrency)",
 ]
 
-# Old figures (issue 9's probe on the old code); None: not reported then.
+# Old figures (the first probe, on the old code); None: not reported then.
 OLD = {
     "submitted": "300",
     "lost": None,

@@ -1,6 +1,6 @@
 """Benchmark: a critical freeze notification while a flood of turns is queued.
 
-Design under test (issue 13, R6.7): work waits in queues by kind, and the
+Design under test (R6.7): work waits in queues by kind, and the
 alerts queue has a worker of its own, so the page to on-call that a segment
 froze never waits behind a backlog of model turns.
 

@@ -1,4 +1,4 @@
-"""Benchmark: the dashboard at production size (issue 12).
+"""Benchmark: the dashboard at production size.
 
 Fills a fresh PostgreSQL database with 10,000 runs, 100,000 segments and
 1,000,000 provider attempts (with their threads, sessions, stages, ledgers,

@@ -122,7 +122,7 @@ TARGETS = {
     "submit_p50_ms": ("<=", 10.0),
     "commits_per_run": ("<=", 6.0),
     "inserts_per_run": ("<=", 15.0),
-    # Issue 9: a turn waiting behind its thread's turn is woken by that turn's
+    # R6.6: a turn waiting behind its thread's turn is woken by that turn's
     # close, not re-sent on a timer (once to park, once when woken).
     "max_deliveries": ("<=", 2.0),
 }

@@ -23,7 +23,7 @@ class ProviderAdmin(admin.ModelAdmin):
 
 @admin.register(ToolServer)
 class ToolServerAdmin(admin.ModelAdmin):
-    """The registry (issue 11). Listings are the server's: read-only here;
+    """The tool registry. Listings are the server's: read-only here;
     ``manage.py tool refresh`` or ``PATCH /api/v1/tools/{name}`` lists again."""
 
     list_display = ("name", "kind", "url", "enabled", "schema_version", "listed_at")

@@ -40,7 +40,7 @@ class Provider(models.Model):
     base_cooldown_s = models.FloatField(default=_BREAKER.base_cooldown.total_seconds())
     max_cooldown_s = models.FloatField(default=_BREAKER.max_cooldown.total_seconds())
     enabled = models.BooleanField(default=True)
-    # Prices per million tokens (issue 12), in ``currency``; None = not priced.
+    # Prices per million tokens, in ``currency``; None = not priced.
     price_input_per_mtok = models.DecimalField(
         max_digits=14, decimal_places=6, null=True, blank=True
     )
@@ -51,7 +51,7 @@ class Provider(models.Model):
         max_digits=14, decimal_places=6, null=True, blank=True
     )
     currency = models.CharField(max_length=3, blank=True, default="")
-    # Its own re-probe schedule (issue 12, R3.2), in seconds:
+    # Its own re-probe schedule (R3.2), in seconds:
     # {"delays_s": [...], "categories": {"policy": [...]}}; {} = R3.2's default.
     refusal_schedule = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -70,7 +70,7 @@ class Provider(models.Model):
 
 
 class ToolServer(models.Model):
-    """A registered tool (issue 11): an MCP server whose tools are listed from
+    """A registered tool: an MCP server whose tools are listed from
     it (``"{name}.{tool}"``), or one HTTP endpoint with a JSON Schema (``"{name}"``).
 
     A bearer token is named by its environment variable (``token_env``), never
@@ -193,7 +193,7 @@ class Segment(models.Model):
     model = models.CharField(max_length=200)
     mode = models.CharField(max_length=50)
     tool_surface = models.JSONField(default=list)
-    # The fingerprint of the registry schemas the surface sees (issue 11): a
+    # The fingerprint of the registry schemas the surface sees (R1.3): a
     # change of them is a tool-surface boundary (R1.3).
     tool_schemas = models.CharField(max_length=64, blank=True)
     system_prompt = models.TextField(blank=True)
@@ -283,7 +283,7 @@ class Run(models.Model):
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["status", "created_at"]),
-            # The runs page, newest first (issue 12: bench/scale.py).
+            # The runs page, newest first (bench/scale.py).
             models.Index(fields=["-created_at", "-id"], name="run_newest_first"),
         ]
         permissions = [
@@ -361,7 +361,7 @@ class ProviderAttempt(models.Model):
     error = models.TextField(blank=True)
     # {tool name: wire name} offered in this request (OpenAI/Anthropic name rules).
     tool_names = models.JSONField(default=dict, blank=True)
-    # Its Insights tier (issue 12), decided once by governance.rules.insights.tier_sends
+    # Its Insights tier, decided once by governance.rules.insights.tier_sends
     # when its turn is over and kept by services.insight_tiers; the Insights page sums
     # these. ``tiered`` says it was decided ("" tier: the send is in no tier). The
     # database defaults too: rows written by COPY (bench/scale.py) start untiered.
@@ -416,7 +416,7 @@ class SegmentRefusal(models.Model):
     category = models.CharField(max_length=64, blank=True)
     refusals = models.PositiveIntegerField(null=True, blank=True)  # None = legacy
     refused_at = models.DateTimeField(null=True, blank=True)
-    # The schedule the refusal started under, in seconds (issue 12); None = R3.2's default.
+    # The schedule the refusal started under, in seconds; None = R3.2's default.
     delays_s = models.JSONField(null=True, blank=True)
 
     class Meta:
@@ -601,7 +601,7 @@ class Settlement(models.Model):
 
 class SettledDay(models.Model):
     """The delivery report's counts per UTC day of settlement, run provider and outcome
-    (issue 12): runs, chunks, client evidence, discrepancies — the judged settlement
+    (R7.4): runs, chunks, client evidence, discrepancies — the judged settlement
     columns summed, so a month is read in a few hundred rows. Written only by
     ``governance.services.deliveries``: each judgement adds its difference."""
 
@@ -630,7 +630,7 @@ class SettledDay(models.Model):
 
 class SettledUsageDay(models.Model):
     """The billed tokens of settled runs' provider requests, summed per UTC day of
-    settlement, run provider and outcome (issue 12): the delivery report prices whole
+    settlement, run provider and outcome (R7.4): the delivery report prices whole
     days from here instead of every run's requests. Written only by
     ``governance.services.deliveries`` as it judges each run; runs are never deleted."""
 

@@ -7,7 +7,7 @@ records it — retry with backoff when transient (408, 425, 429, 5xx, network),
 disable the channel when
 permanent (other 4xx, bad configuration — which includes a target the
 outbound check refuses at send time: loopback, private, metadata addresses,
-plain http in production; issue 10, ``tasks.outbound``).
+plain http in production; ``tasks.outbound``).
 
 Channel kinds: generic webhook (JSON), Slack-compatible incoming webhook,
 e-mail (Django's e-mail backend) and PagerDuty Events API v2, whose
@@ -236,7 +236,7 @@ def _post(url: str, body: dict[str, Any], delivery: NotificationDelivery) -> Del
     }
     try:
         with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as client:
-            # Checked again now and pinned to the checked address (issue 10).
+            # Checked again now and pinned to the checked address (no DNS rebinding).
             response = outbound.request(client, "POST", url, json=body, headers=headers)
     except outbound.OutboundRefused as exc:
         raise BadConfig(f"target refused: {exc.reason}") from None

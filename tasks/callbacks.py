@@ -11,7 +11,7 @@ and ``X-Governance-Signature: sha256=<hex>`` = HMAC-SHA256 with
 ``GOVERNANCE_CALLBACK_SECRET`` over ``"<timestamp>.<raw body>"``.
 
 The URL is checked again at send time and the POST connects to the checked
-address (``tasks.outbound``, issue 10): a URL that is refused — loopback,
+address (``tasks.outbound``): a URL that is refused — loopback,
 private, metadata, plain http in production — fails the callback at once
 with the reason (a permanent failure, like a 4xx: no further attempt).
 """

@@ -1,4 +1,4 @@
-"""An example MCP server to register with the tool registry (README, "Bring
+"""An example MCP server to register with the tool registry (docs/api.md, "Bring
 your own tools"), built with the official SDK's server API (``MCPServer``)
 and served over Streamable HTTP by uvicorn:
 

@@ -47,7 +47,7 @@ def clock_watchdog() -> dict[str, int]:
 
 @shared_task(name="tasks.jobs.judge_deliveries", ignore_result=True)
 def judge_deliveries() -> int:
-    """R7.4, issue 12: the delivery of every run settled, or whose chunks, callback or
+    """R7.4: the delivery of every run settled, or whose chunks, callback or
     receipts changed, since the last pass, judged and kept on its settlement."""
     from governance.services import deliveries
 
@@ -60,7 +60,7 @@ JUDGE_LIMIT = 5000
 
 @shared_task(name="tasks.jobs.tier_attempts", ignore_result=True)
 def tier_attempts() -> int:
-    """Issue 12: the Insights tier of every attempt whose turn finished since the last
+    """The Insights tier of every attempt whose turn finished since the last
     pass, decided once by the rule and kept on the attempt."""
     from governance.services import insight_tiers
 

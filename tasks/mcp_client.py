@@ -1,4 +1,4 @@
-"""The MCP client of the tool registry (issue 11), on the official SDK.
+"""The MCP client of the tool registry, on the official SDK.
 
 The SDK (``mcp`` on PyPI) speaks the protocol: the Streamable HTTP transport
 (``mcp.client.streamable_http.streamable_http_client``) and ``ClientSession``
@@ -15,8 +15,8 @@ facts (``rules.tools.call_effect``):
   after the request was written -> ``no_answer`` (unknown for an
   ``external_effect`` tool: verified, never replayed blindly, R6.2/R6.4).
 
-Every request of a session goes to an address the outbound check passed
-(issue 10), never to a fresh DNS answer: ``_PinnedTransport`` (an httpx2
+Every request of a session goes to an address the outbound check passed,
+never to a fresh DNS answer: ``_PinnedTransport`` (an httpx2
 transport under the SDK's client) puts the checked IP in the URL and keeps
 the original ``Host`` and, for https, the TLS server name and certificate
 check — as ``tasks.outbound`` does for the webhook tool.

@@ -1,4 +1,4 @@
-"""Outbound calls to user-given URLs, pinned to the checked address (issue 10).
+"""Outbound calls to user-given URLs, pinned to the checked address.
 
 Completion callbacks, webhook alert channels and the webhook tool send
 through here. Each request is checked at send time

@@ -1,4 +1,4 @@
-"""Registry tools at run time (issue 11): what the model is offered, and the
+"""Registry tools at run time: what the model is offered, and the
 executor of one call — under the same rules as the built-ins (R4.1, R5, R6.4).
 
 The tool-call stage admits the call on the ledger and writes the receipt

@@ -128,7 +128,7 @@ def build_providers(
         {
             "service.name": settings.OTEL_SERVICE_NAME,
             "service.component": component,
-            # Workers on several hosts are told apart (issue 13), as in stage claims.
+            # Workers on several hosts are told apart, as in stage claims.
             "host.name": settings.GOVERNANCE_HOST_NAME,
             "process.pid": os.getpid(),
         }

@@ -19,10 +19,10 @@ Webhook effects and their verification (R6.2, R6.4)
 * 502/504, 1xx/3xx                     -> unknown (a gateway or redirect speaks for an
                                           origin that may have acted)
 * bad URL, host not allowed, bad key   -> failed / refused, no request made
-* an address the outbound check refuses -> refused, no request made (issue 10:
-  (loopback, link-local/metadata,         checked when sending, against every
-  private, reserved; plain http in        address the host resolves to, and the
-  production), unless allow-listed        request connects to a checked address)
+* an address the outbound check refuses -> refused, no request made (checked
+  (loopback, link-local/metadata,         when sending, against every address
+  private, reserved; plain http in        the host resolves to, and the request
+  production), unless allow-listed        connects to a checked address)
 * connect error / connect timeout      -> failed (nothing left the machine)
 * timeout, reset or close after the request was sent, or a response body
   interrupted after the headers        -> unknown (we cannot know whether the
@@ -580,7 +580,7 @@ def verify_webhook(
 
 
 # ---------------------------------------------------------------------------
-# HTTP tools of the registry (issue 11)
+# HTTP tools of the registry
 
 
 def http_tool(

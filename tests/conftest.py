@@ -101,7 +101,7 @@ def outsider(make_user):
     return make_user("otto-outsider")
 
 
-# --- outbound URLs (issue 10) -------------------------------------------------
+# --- outbound URLs ------------------------------------------------------------------
 
 LOOPBACK_ALLOW = ("127.0.0.1", "::1", "localhost")
 

@@ -1,4 +1,4 @@
-"""deploy/: the compose file describes the system the code runs (issue 13)."""
+"""deploy/: the compose file describes the system the code runs (R6.7's queues)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Real tool servers on loopback for the registry tests (issue 11): an MCP
+"""Real tool servers on loopback for the registry tests: an MCP
 server built with the SDK's own server API (``MCPServer`` over Streamable
 HTTP, run by uvicorn in a thread on an ephemeral port) and a plain HTTP tool
 server (``http.server`` on port 0). Nothing of either protocol is faked."""

@@ -1,4 +1,4 @@
-"""``GET /api/v1/insights/reprobes`` (issue 12): the Insights page's numbers as JSON.
+"""``GET /api/v1/insights/reprobes``: the Insights page's numbers as JSON.
 
 Needs the ``view_insights`` permission (operators and managers). The tiers,
 rates and Wilson intervals are ``governance.rules.insights``; the tiers kept on

@@ -212,7 +212,7 @@ class SettlementAnswer(Answer):
 
 
 class CostAnswer(Answer):
-    """What a run's provider requests cost (issue 12). Amounts are decimal strings by
+    """What a run's provider requests cost. Amounts are decimal strings by
     currency; requests without reported usage or without a price have no known cost
     and are counted here, never as 0."""
 
@@ -260,7 +260,7 @@ class AckAnswer(Answer):
 
 
 # --------------------------------------------------------------------------- client endpoints
-# Issue 10, "What a client needs": notifications, providers, thread and segment reads.
+# What a client needs: notifications, providers, thread and segment reads.
 # Query strings are validated by a model too (``Query``): their values arrive as
 # text, so numbers and times are parsed from it, strictly (ASCII digits, ISO 8601
 # with an offset); unknown parameters are refused by name like unknown fields.
@@ -427,7 +427,7 @@ Delays = Annotated[
 
 
 class RefusalSchedule(Body):
-    """A provider's own re-probe schedule (R3.2, issue 12); {} is R3.2's default.
+    """A provider's own re-probe schedule (R3.2); {} is R3.2's default.
     A refusal keeps the schedule it started under: a change applies to new refusals."""
 
     delays_s: Delays | None = None

@@ -1,4 +1,4 @@
-"""The tool registry over the API (issue 11): ``GET``/``POST /api/v1/tools``,
+"""The tool registry over the API: ``GET``/``POST /api/v1/tools``,
 ``GET``/``PATCH /api/v1/tools/{name}``.
 
 Registering an MCP server lists its tools at once (through the SDK client,

@@ -1,4 +1,4 @@
-"""The Insights page (issue 12): how often a refused request flips to accepted.
+"""The Insights page (R3.2): how often a refused request flips to accepted.
 
 For operators and managers (``view_insights``). One set of filters drives the
 page, its CSV and ``GET /api/v1/insights/reprobes``: the numbers are the same

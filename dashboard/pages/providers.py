@@ -1,7 +1,7 @@
 """Providers page (R2.1–R2.3, R8.1): breaker state in words, recent failures by
 class, and the open segments where a provider is frozen or cooling. Read-only
 for every logged-in role; providers are configured in the Django admin, the API
-or ``manage.py provider`` — except their prices (issue 12), which whoever may
+or ``manage.py provider`` — except their prices, which whoever may
 change providers also sets here, through the same service as the API."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _no_dns(host: str, port: int) -> list[str]:
 
 def _alert_channel_rows(now):
     """The channel rows, each with the refusal its target would meet when
-    sending (issue 10: the send would fail permanently and disable it)."""
+    sending (the send would fail permanently and disable it)."""
     rows = queries.alert_channel_rows(now)
     for row in rows:
         channel = row.channel
@@ -89,7 +89,7 @@ class PriceForm(forms.Form):
 
 
 class ScheduleForm(forms.Form):
-    """A provider's own re-probe schedule (issue 12, R3.2) as typed; the service checks
+    """A provider's own re-probe schedule (R3.2) as typed; the service checks
     it with the rule (1–5 re-probes, each longer than the last, the last ≤ 6 h)."""
 
     delays = forms.CharField(
@@ -207,7 +207,7 @@ def providers(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @login_required
 def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
-    """Issue 12: set a provider's prices per million tokens and their currency.
+    """Set a provider's prices per million tokens and their currency.
     Empty means "no price": its requests then say so instead of costing 0.
     GET: the form, filled with the prices as they stand."""
     if request.method == "GET":
@@ -218,7 +218,7 @@ def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @login_required
 def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
-    """Issue 12: a provider's own re-probe schedule (R3.2). A refusal under way keeps
+    """A provider's own re-probe schedule (R3.2). A refusal under way keeps
     the schedule it started under; the new one applies to refusals that start later.
     GET: the form, filled with the schedule as it stands."""
     if request.method == "GET":

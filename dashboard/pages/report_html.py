@@ -1,4 +1,4 @@
-"""The delivery report's repeated markup, built in Python (issue 12).
+"""The delivery report's repeated markup, built in Python (bench/scale.py).
 
 The chart's bars and the aggregate table's rows are a few thousand values for a
 month by day; Django's template engine spent most of the page's time on them

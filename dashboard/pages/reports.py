@@ -226,7 +226,7 @@ AGGREGATE_HEADER = [
     "chunks observed",
     *(f"runs {VERDICT_WORDS[v]}" for v in q.VERDICTS),
     "runs with discrepancies",
-    # Issue 12: the cost of the runs' provider requests; refused sends apart; and the
+    # The cost of the runs' provider requests; refused sends apart; and the
     # requests whose cost is unknown (no usage reported, or no price): never counted as 0.
     "cost",
     "cost of refused sends",

@@ -1,4 +1,4 @@
-"""The run page's repeated markup, built in Python (issue 12).
+"""The run page's repeated markup, built in Python (bench/scale.py).
 
 A run's provider attempts are a table of ten cells a row; at a hundred attempts
 Django's template engine spent ≈ 9 of the page's 13 ms of rendering on them

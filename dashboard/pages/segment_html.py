@@ -1,4 +1,4 @@
-"""The segment page's repeated timeline entries, built in Python (issue 12).
+"""The segment page's repeated timeline entries, built in Python (bench/scale.py).
 
 A page of the timeline is fifty entries, nearly all provider requests and stages;
 Django's template engine spent ≈ 7 of the page's 9 ms of rendering on them at a

@@ -1,4 +1,4 @@
-"""CSV exports streamed, the header first (issue 12: first byte ≤ 200 ms).
+"""CSV exports streamed, the header first (first byte ≤ 200 ms, bench/scale.py).
 
 Django's ASGI handler reads a *synchronous* streaming body to its end before it
 sends a byte (it must consume it off the event loop), so an export streamed

@@ -1,4 +1,4 @@
-"""Tools page (issue 11): the tool registry as the runtime governs it — each
+"""Tools page: the tool registry as the runtime governs it — each
 MCP server or HTTP tool, its listed tools with their effect class and wire
 name, the schema version and when it was last listed. Read-only for every
 logged-in role; registering and changing go through the API or

@@ -1,4 +1,4 @@
-"""Costs of provider requests for the run, segment and report pages (issue 12).
+"""Costs of provider requests for the run, segment and report pages.
 
 Reads each request's reported usage and its provider's prices; the arithmetic
 is ``governance.rules.cost`` (never here).

@@ -1,4 +1,4 @@
-"""Read-only queries of the Insights page and API (issue 12): re-probe outcomes.
+"""Read-only queries of the Insights page and API: re-probe outcomes.
 
 Each send's tier is decided once, by ``governance.rules.insights.tier_sends``,
 and kept on its ``ProviderAttempt`` (``governance.services.insight_tiers``; the
@@ -103,7 +103,7 @@ def _carried(query: InsightsQuery) -> list[CarriedRefusal]:
     One query. The provider's pk is written in (providers are few), so each of the
     closed segments' refusal rows costs two index probes of ``attempt_seg_provider``
     (a send in the period, none before it) instead of a join to the providers per
-    row (issue 12: 60 ms → 25 ms at 5,000 such rows, bench/scale.py).
+    row (60 ms → 25 ms at 5,000 such rows, bench/scale.py).
     """
     pk_of = dict(Provider.objects.values_list("provider_id", "pk"))
     if not pk_of:

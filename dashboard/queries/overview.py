@@ -85,7 +85,7 @@ def runs_by_state(now: datetime) -> dict[str, list[tuple[str, int]]]:
     """Runs not yet settled by status, and settled in the last 24 h by outcome."""
     shown = ("queued", "running", "finalizing", "verifying")
     # The statuses shown, by name (every status but settled): the (status, created_at)
-    # index answers it, where "not settled" read every run (issue 12, bench/scale.py).
+    # index answers it, where "not settled" read every run (bench/scale.py).
     active = dict(
         Run.objects.filter(status__in=shown)
         .values_list("status")

@@ -125,7 +125,7 @@ class GroupRow:
     evidence: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
     with_discrepancies: int = 0
     discrepancies: int = 0
-    # What the runs' provider requests cost (issue 12; governance.rules.cost).
+    # What the runs' provider requests cost (governance.rules.cost).
     cost: CostSummary = field(default_factory=CostSummary)
 
 

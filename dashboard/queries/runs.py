@@ -283,7 +283,7 @@ class Moment:
     def __html__(self) -> str:
         # Written here rather than by two ``date`` filters in a template included per
         # row: the run page's hundred attempts spent half its rendering on those
-        # (issue 12, bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
+        # (bench/scale.py). Shown in UTC, as the filters did (settings.TIME_ZONE).
         at = self.at.astimezone(UTC) if self.at.tzinfo is not None else self.at
         return mark_safe(  # every value escaped (format_html's escaping, without its cost)
             f'<time datetime="{escape(at.isoformat())}" title="'

@@ -63,7 +63,7 @@ class ProviderState:
     next_probe_at: datetime | None
     category: str
     in_chain: bool = True
-    schedule: str = ""  # which re-probe schedule applies, in words (issue 12)
+    schedule: str = ""  # which re-probe schedule applies, in words (R3.2)
 
     @property
     def reprobe_due(self) -> bool:
@@ -81,7 +81,7 @@ def duration_list(delays: Sequence[timedelta]) -> str:
 
 
 def provider_models_and_schedules() -> tuple[dict[str, str], dict[str, ScheduleChoice]]:
-    """provider_id → model, and each provider's own re-probe schedule (issue 12), for
+    """provider_id → model, and each provider's own re-probe schedule (R3.2), for
     those that have one — one query, like ``provider_models``."""
     models: dict[str, str] = {}
     choices: dict[str, ScheduleChoice] = {}
@@ -102,7 +102,7 @@ def schedule_words(
     choice: ScheduleChoice | None,
     delays: Sequence[timedelta],
 ) -> str:
-    """Issue 12: which schedule applies to this provider here, in plain words."""
+    """R3.2: which schedule applies to this provider here, in plain words."""
     default = f"{duration_list(delays)} (R3.2's default)"
     if refusal is not None and refusal.refusals != 0:
         kept = schedule_of(refusal, delays)
@@ -431,7 +431,7 @@ _STAGE_SHOWN = ("id", "run", "seq", "kind", "enqueued_at", "finished_at", "outco
 def _sources(segment: Segment) -> list[tuple[str, QuerySet, str]]:
     # A stage has no segment of its own: it is found through its run, by the stage's
     # run index; joined (or ``IN (SELECT …)``), PostgreSQL hashes every stage of every
-    # run (issue 12: 25–37 ms a query at 50,000 stages, ``bench/scale.py``). On
+    # run (25–37 ms a query at 50,000 stages, ``bench/scale.py``). On
     # PostgreSQL the runs' ids go in as one array the index is probed with, in the
     # same statement; elsewhere they are read first, as a list.
     runs = Run.objects.filter(segment=segment).order_by().values("id")

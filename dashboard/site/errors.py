@@ -1,4 +1,4 @@
-"""Error answers (issue 10): every error under ``/api/`` is JSON; no error page shows a secret.
+"""Error answers: every error under ``/api/`` is JSON; no error page shows a secret.
 
 Under ``/api/`` every error answer has the API's one shape, ``{"error": {"field": …,
 "message": …}}`` (``dashboard.api.base.error_response``), never Django's HTML page, also

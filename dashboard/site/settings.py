@@ -223,7 +223,7 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
-# Work separated by kind (issue 13): a backlog of model turns never delays a
+# Work separated by kind (R6.7): a backlog of model turns never delays a
 # critical alert. Stages are sent to "turns" or "tools" by their kind
 # (governance.services.broker.STAGE_QUEUES); everything else by task name.
 # `manage.py up` runs one worker on every queue and one on "alerts" alone.
@@ -238,7 +238,7 @@ CELERY_TASK_ROUTES = {
     "tasks.span_store.*": {"queue": "maintenance"},
     "tasks.registry_tools.*": {"queue": "maintenance"},
 }
-# Backpressure (issue 13): new runs are refused with 429 and Retry-After while
+# Backpressure (R6.7): new runs are refused with 429 and Retry-After while
 # the turns queue's oldest message has waited longer than this, or while it
 # holds more messages than this (0 turns a check off).
 GOVERNANCE_ADMISSION_MAX_QUEUE_AGE_SECONDS = env_int(
@@ -290,21 +290,21 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("GOVERNANCE_ESCALATION_CHECK_SECONDS", 60, minimum=1)),
         "options": {"expires": 120},
     },
-    # Issue 11: list the MCP servers again, for list changes announced while no
+    # List the MCP servers again, for list changes announced while no
     # session of ours was open (a change is a tool-surface boundary, R1.3).
     "relist-tools": {
         "task": "tasks.registry_tools.relist_tools",
         "schedule": float(env_int("GOVERNANCE_TOOL_RELIST_SECONDS", 300, minimum=10)),
         "options": {"expires": 600},
     },
-    # Issue 12: judge the deliveries of runs settled or changed since the last pass,
+    # R7.4: judge the deliveries of runs settled or changed since the last pass,
     # so the delivery report reads judgements instead of making them.
     "judge-deliveries": {
         "task": "tasks.jobs.judge_deliveries",
         "schedule": float(env_int("GOVERNANCE_DELIVERY_JUDGE_SECONDS", 5, minimum=1)),
         "options": {"expires": 30},
     },
-    # Issue 12: tier the provider attempts of turns finished since the last pass, so
+    # Tier the provider attempts of turns finished since the last pass, so
     # the Insights page sums kept tiers instead of replaying every refusal timeline.
     "tier-attempts": {
         "task": "tasks.jobs.tier_attempts",
@@ -444,7 +444,7 @@ LOGGING = {
 GOVERNANCE_UP_STATUS_SECONDS = env_int("GOVERNANCE_UP_STATUS_SECONDS", 30, minimum=0)
 
 
-# --- Outbound URLs (issue 10; governance/rules/outbound.py, governance/services/outbound.py,
+# --- Outbound URLs (governance/rules/outbound.py, governance/services/outbound.py,
 # tasks/outbound.py) ---
 # Completion callbacks (callback_url), webhook/Slack/PagerDuty alert channels and the
 # webhook tool refuse loopback, link-local (incl. the cloud metadata addresses

@@ -134,7 +134,7 @@ def refusal_rule_summary() -> dict[str, object]:
 
 
 def queue_report() -> list[QueueState]:
-    """Each queue's depth and the age of its oldest message (issue 13); empty
+    """Each queue's depth and the age of its oldest message (R6.7); empty
     when the broker cannot be read now (its own component says so)."""
     try:
         return queue_states()

@@ -1,4 +1,4 @@
-"""What a provider request cost (issue 12), from the usage the provider reported.
+"""What a provider request cost, from the usage the provider reported.
 
 Prices are per million tokens, per provider, in its currency. A request whose
 provider reported no usage has no known cost: it says "no usage reported"

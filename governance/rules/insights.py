@@ -1,4 +1,4 @@
-"""Re-probe outcomes (issue 12): how often a refused request flips to accepted.
+"""Re-probe outcomes (R3.2): how often a refused request flips to accepted.
 
 The R3.2 schedule (15 min / 1 h / 6 h) was an engineering guess; these
 statistics read the recorded sends and say, per tier, how often the provider
@@ -54,7 +54,7 @@ class SendFact(NamedTuple):
     """One recorded provider request (a ``ProviderAttempt``).
 
     Named tuples, this and ``TieredSend``: a period holds thousands of them and a
-    frozen dataclass costs several times as much to make (issue 12, bench/scale.py:
+    frozen dataclass costs several times as much to make (bench/scale.py:
     a third of ``tier_sends`` at 2,000 sends)."""
 
     attempt_id: int

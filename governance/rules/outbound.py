@@ -1,4 +1,4 @@
-"""Outbound URLs are safe (issue 10): where the worker may POST.
+"""Outbound URLs are safe: where the worker may POST.
 
 Three kinds of call go to URLs that users give: completion callbacks
 (``callback_url``, R7.3), webhook-type alert channels (R8.2) and the built-in

@@ -44,7 +44,7 @@ MAX_SCHEDULE_TIERS = 5
 def check_schedule(
     delays: Sequence[timedelta], ttl: timedelta = REFUSAL_SCOPE_TTL
 ) -> tuple[timedelta, ...]:
-    """R3.2 (issue 12): a re-probe schedule another than the default must have 1 to
+    """R3.2: a re-probe schedule other than the default must have 1 to
     ``MAX_SCHEDULE_TIERS`` re-probes, each delay longer than the one before, and the
     last no longer than ``ttl`` (``REFUSAL_SCOPE_TTL``: the turn-level refusal memory
     would otherwise have forgotten the refusal). Raises RefusalError in plain words."""
@@ -72,7 +72,7 @@ def check_schedule(
 
 @dataclass(frozen=True)
 class ScheduleChoice:
-    """A provider's own re-probe schedule (issue 12), and one per refusal category
+    """A provider's own re-probe schedule (R3.2), and one per refusal category
     (R2.4: each adapter names its categories). None: R3.2's default."""
 
     delays: tuple[timedelta, ...] | None = None
@@ -88,7 +88,7 @@ class ScheduleChoice:
 @dataclass(frozen=True)
 class ReprobeSchedules(Sequence[timedelta]):
     """R3.2's default schedule — what it reads as, a sequence of delays — with the
-    schedules providers chose (issue 12), for the refusals that start now."""
+    schedules providers chose, for the refusals that start now."""
 
     default: tuple[timedelta, ...]
     chosen: Mapping[str, ScheduleChoice] = field(default_factory=dict)
@@ -150,7 +150,7 @@ class ProviderRefusal:
     category: str | None = None
     refusals: int | None = None
     refused_at: int | float | datetime | str | None = None
-    # The schedule this refusal started under (issue 12): its provider's or its
+    # The schedule this refusal started under (R3.2): its provider's or its
     # category's at the first refusal, kept until the state clears, so a later
     # change of schedule never changes its verdicts. None: the default given.
     delays: tuple[timedelta, ...] | None = None
@@ -489,7 +489,7 @@ def card_entry(
         "reprobes": verdict.reprobes,
         "next_probe_at": verdict.next_probe_at.isoformat() if verdict.next_probe_at else None,
     }
-    if refusal.delays:  # a schedule of its own (issue 12): kept with the state (R3.5)
+    if refusal.delays:  # a schedule of its own (R3.2): kept with the state (R3.5)
         entry["delays_s"] = delays_seconds(refusal.delays)
     return entry
 

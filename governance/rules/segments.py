@@ -67,7 +67,7 @@ class SegmentConfig:
     mode: str = "default"
     tool_surface: tuple[str, ...] = ()
     system_prompt: str = ""
-    # The fingerprint of the registry schemas the surface sees (issue 11): the
+    # The fingerprint of the registry schemas the surface sees (R1.3): the
     # same names with other schemas are another surface.
     tool_schemas: str = ""
 
@@ -219,7 +219,7 @@ def history_after_boundary(
     return History((summary,))
 
 
-# A registry server's every tool, in a tool surface: "{server}.*" (issue 11).
+# A registry server's every tool, in a tool surface: "{server}.*".
 SURFACE_WILDCARD = ".*"
 
 

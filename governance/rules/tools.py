@@ -245,7 +245,7 @@ def conclude_verification(
 
 
 # ---------------------------------------------------------------------------
-# Registry tools (issue 11): MCP servers and HTTP endpoints under the same rules.
+# Registry tools: MCP servers and HTTP endpoints under the same rules.
 
 ToolEffectClass = Literal["read_only", "external_effect"]
 EFFECT_CLASSES: tuple[str, ...] = ("read_only", "external_effect")

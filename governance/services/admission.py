@@ -1,4 +1,4 @@
-"""Backpressure at admission (issue 13): a new run is refused while the turns
+"""Backpressure at admission (R6.7): a new run is refused while the turns
 queue is backed up (``rules.admission.admission_verdict``), instead of being
 queued behind a backlog that would make its queue clock the whole story."""
 

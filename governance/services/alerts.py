@@ -97,7 +97,7 @@ def retry_policy() -> RetryPolicy:
 def channel_target_problem(
     kind: str, target: str, *, resolver: Resolver | None = None
 ) -> str | None:
-    """Input time (issue 10): why this channel's target URL would be refused
+    """Input time: why this channel's target URL would be refused
     when sending (which disables the channel), or None. E-mail targets are not
     URLs; an empty PagerDuty target means PagerDuty's public Events API."""
     url = (target or "").strip()

@@ -2,7 +2,7 @@
 layer. A task registered in this process is applied through its own object,
 which honours Celery's eager mode (the demo, tests); otherwise it is sent.
 
-Work is separated by kind (issue 13): stages go to ``turns`` or ``tools`` by
+Work is separated by kind (R6.7): stages go to ``turns`` or ``tools`` by
 their kind, other tasks by Celery's routes (``CELERY_TASK_ROUTES``). Every
 message carries the time it was sent, so a queue's oldest message tells how
 long the queue has kept work waiting (``queue_states``).

@@ -13,7 +13,7 @@ The HTTP call itself lives in ``tasks.callbacks``; this module owns the facts:
   was claimed, as ``governance.rules.redelivery`` reads it: delivered on 2xx;
   retry with capped exponential backoff (Retry-After a floor) on 408, 425, 429,
   5xx, network errors and timeouts; failed on any other status, when the
-  outbound check refused the URL (issue 10: loopback, private, metadata
+  outbound check refused the URL (loopback, private, metadata
   addresses, plain http in production) or when the attempts are used up.
 
 Receiver contract: one run sends at most one settlement, identified by the
@@ -227,7 +227,7 @@ class Result:
     error: str = ""
     retry_after_s: float | None = None
     request_sent: bool = False  # a timeout after sending is retried all the same
-    refused: bool = False  # the outbound check refused the URL (issue 10): fails at once
+    refused: bool = False  # the outbound check refused the URL: fails at once
 
 
 def classify(result: Result) -> Verdict:

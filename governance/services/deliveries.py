@@ -1,4 +1,4 @@
-"""Each settled run's delivery, judged once per change (R7.2–R7.4, issue 12).
+"""Each settled run's delivery, judged once per change (R7.2–R7.4).
 
 The delivery-versus-settlement report sums columns of the ``Settlement`` rows
 instead of judging every run of its period on each request. Here the judgement

@@ -1,4 +1,4 @@
-"""Each provider attempt's Insights tier, decided once and kept on it (issue 12).
+"""Each provider attempt's Insights tier, decided once and kept on it.
 
 The Insights page sums the tiers of its period's sends (original refused send,
 re-render, history-only, re-probe n, first send after a boundary). The tier is

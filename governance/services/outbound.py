@@ -1,4 +1,4 @@
-"""Outbound URLs are safe (issue 10): resolve a URL's host and ask the rule.
+"""Outbound URLs are safe: resolve a URL's host and ask the rule.
 
 ``governance.rules.outbound`` decides; this module supplies what it needs —
 the URL parsed the way the HTTP client parses it (httpx, so the check and the

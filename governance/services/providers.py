@@ -165,7 +165,7 @@ def _delays(where: str, value: Any) -> list[float]:
 
 
 def _schedule(value: Any) -> dict[str, Any]:
-    """A provider's own re-probe schedule (issue 12): ``{}`` (R3.2's default),
+    """A provider's own re-probe schedule (R3.2): ``{}`` (R3.2's default),
     ``{"delays_s": [...]}`` and/or ``{"categories": {"policy": [...]}}``."""
     field = "refusal_schedule"
     if value is None:

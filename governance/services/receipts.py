@@ -30,7 +30,7 @@ def open_receipt(
 ) -> tuple[ToolReceipt, bool]:
     """Write the attempt before the effect: a receipt in ``pending``. A registry
     tool's receipt names its server, the schema version called against and its
-    effect class (issue 11); a redelivery reads the first delivery's."""
+    effect class (registry tools); a redelivery reads the first delivery's."""
     receipt, created = ToolReceipt.objects.get_or_create(
         idempotency_key=key,
         defaults={

@@ -46,7 +46,7 @@ def reprobe_delays() -> tuple[timedelta, ...]:
 
 
 def schedule_choice(provider: Provider) -> ScheduleChoice | None:
-    """A provider's own schedule (issue 12), as stored by ``services.providers``;
+    """A provider's own schedule (R3.2), as stored by ``services.providers``;
     None when it has none (R3.2's default)."""
     stored = provider.refusal_schedule or {}
     own = delays_from_seconds(stored.get("delays_s"))

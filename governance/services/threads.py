@@ -81,7 +81,7 @@ def create_thread(
     return thread
 
 
-# The built-ins; registry tools (issue 11) are named "{server}.{tool}", "{server}.*"
+# The built-ins; registry tools are named "{server}.{tool}", "{server}.*"
 # or, for an HTTP tool, "{server}" (governance/services/tool_servers.py).
 TOOL_NAMES = tool_servers.BUILTIN_TOOL_NAMES
 
@@ -199,7 +199,7 @@ def apply_boundary(
             mode=mode if mode is not None else old_config.mode,
             tool_surface=new_surface,
             system_prompt=system_prompt if system_prompt is not None else old_config.system_prompt,
-            # The next segment sees the registry's schemas as they are now (issue 11).
+            # The next segment sees the registry's schemas as they are now (R1.3).
             tool_schemas=tool_servers.surface_schemas(new_surface),
         )
         generation = current.session.generation
@@ -274,7 +274,7 @@ def apply_boundary(
 
 
 def follow_tool_schemas(server_name: str, now: datetime, *, why: str) -> list[Segment]:
-    """R1.3 (issue 11): a change of the registry schemas a thread's surface sees
+    """R1.3: a change of the registry schemas a thread's surface sees
     is a tool-surface change. Every open segment that names ``server_name`` and
     now sees other schemas is closed by a ``tool_surface_change`` boundary
     (recorded like any other: who, why, when, audited), the next opened with

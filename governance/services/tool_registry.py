@@ -1,4 +1,4 @@
-"""Registry changes that move tool surfaces (issue 11, R1.3).
+"""Registry changes that move tool surfaces (R1.3).
 
 A new listing of an MCP server (at registration, on request, or after the
 server said its list changed), and enabling or disabling a registry entry,

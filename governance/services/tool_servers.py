@@ -1,4 +1,4 @@
-"""The tool registry (issue 11): MCP servers and HTTP tools, their cached
+"""The tool registry: MCP servers and HTTP tools, their cached
 listings, and what a tool surface may name.
 
 The API (``/api/v1/tools``) and ``manage.py tool`` both come here. A bearer
@@ -80,7 +80,7 @@ def _url(value: Any, field: str, *, required: bool = True) -> str:
         or any(c.isspace() for c in value)
     ):
         raise ServiceError(field, "must be an http:// or https:// URL with a host")
-    # The worker will call it: the outbound rules of issue 10 (checked again at send).
+    # The worker will call it: the outbound rules apply (checked again at send).
     require_outbound_url(value, field)
     return value
 

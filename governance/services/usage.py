@@ -1,4 +1,4 @@
-"""The billed tokens of many provider requests, summed (issue 12): read by the
+"""The billed tokens of many provider requests, summed: read by the
 run, segment and report pages and by the delivery judgement
 (``governance.services.deliveries``). The arithmetic is ``governance.rules.cost``.
 """

@@ -1,4 +1,4 @@
-"""The demo data (``manage.py demo``) in real Chromium (issue 12): the Insights page
+"""The demo data (``manage.py demo``) in real Chromium: the Insights page
 answers on it, its what-if replays it, and the delivery report shows a mix of
 acknowledged, partly acknowledged and unacknowledged runs and callbacks delivered,
 retried and failed — not every run flagged (screenshots checked)."""

@@ -1,4 +1,4 @@
-"""The Insights page in real Chromium (issue 12): the state first, the chart,
+"""The Insights page in real Chromium: the state first, the chart,
 the table and the CSV link, on the hand-made refusal timeline of
 tests/dashboard/test_insights.py (screenshot checked)."""
 

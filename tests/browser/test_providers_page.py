@@ -1,4 +1,4 @@
-"""The providers page in real Chromium: a price form drawn when it is opened (issue 12)."""
+"""The providers page in real Chromium: a price form drawn when it is opened."""
 
 from __future__ import annotations
 

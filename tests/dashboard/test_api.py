@@ -858,7 +858,7 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "status_code": 200,
             "latency_ms": 1500,
             "segment": run.segment.key,
-            # Issue 12: no usage reported — no amount, and the reason (never 0).
+            # No usage reported — no amount, and the reason (never 0).
             "cost": {"amount": None, "currency": None, "unknown_because": "no usage reported"},
         }
     ]
@@ -874,7 +874,7 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
             "effect": "succeeded",
             "verified_at": None,
             "error": None,
-            # A built-in: no registry server, schema version or effect class (issue 11).
+            # A built-in: no registry server, schema version or effect class.
             "server": None,
             "schema_version": None,
             "effect_class": None,

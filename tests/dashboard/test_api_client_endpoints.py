@@ -1,4 +1,4 @@
-"""Issue 10, "What a client needs": notifications (list, acknowledge), providers
+"""What a client needs: notifications (list, acknowledge), providers
 (list, add, read, change; ``manage.py provider``), the thread list and any
 segment by key — through the Django test client, plus schemathesis over these
 operations with rows to find (the shared contract test has almost none).

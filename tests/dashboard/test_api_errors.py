@@ -1,4 +1,4 @@
-"""Issue 10: every error under /api/ is JSON, and no error page shows a secret.
+"""Every error under /api/ is JSON, and no error page shows a secret.
 
 Through the Django test client (WSGI and ASGI), a live WSGI server (pytest-django's
 ``live_server``) and a real uvicorn server (what ``make run`` serves): unknown

@@ -1,5 +1,5 @@
 """The overview's broker probe is a real round trip over a pooled connection, not a
-new connection and handshake per page (6 ms of the overview at scale, issue 12)."""
+new connection and handshake per page (6 ms of the overview at scale, bench/scale.py)."""
 
 from __future__ import annotations
 

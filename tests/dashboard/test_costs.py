@@ -1,4 +1,4 @@
-"""Cost of provider requests (issue 12): provider prices through the service,
+"""Cost of provider requests: provider prices through the service,
 API and CLI; the run and segment pages show the cost and, apart, the cost of
 refused sends; a request without usage says so instead of counting 0."""
 

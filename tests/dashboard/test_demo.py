@@ -1,4 +1,4 @@
-"""`manage.py demo`: a realistic scenario seeded through the real engine (issue 4).
+"""`manage.py demo`: a realistic scenario seeded through the real engine.
 
 No worker is needed: the command runs every stage inline (Celery eager) under
 its own manual clock, and must leave both as it found them.
@@ -162,7 +162,7 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert RunViewer.objects.filter(run__thread__title__startswith="demo:").count() >= 9
     assert "callbacks delivered" in output and "runs watched" in output
 
-    # Insights (issue 12) answer on the demo data: the refusing provider's original
+    # Insights answer on the demo data: the refusing provider's original
     # sends and its re-probes are counted, over the API and on the page alike.
     from governance.models import ApiToken
     from governance.services.tokens import token_digest

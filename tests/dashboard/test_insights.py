@@ -1,4 +1,4 @@
-"""Re-probe outcomes (issue 12, R3.1–R3.3, R3.8): a hand-made refusal timeline,
+"""Re-probe outcomes (R3.1–R3.3, R3.8): a hand-made refusal timeline,
 recorded through the real refusal protocol (``rules.routing.drive_turn``) and
 the real recording service (``services.refusals.record_turn``), read back by
 the Insights page, its CSV and ``GET /api/v1/insights/reprobes``.

@@ -1,4 +1,4 @@
-"""Outbound URLs (issue 10): the allow-list setting, read once at start-up, and
+"""Outbound URLs: the allow-list setting, read once at start-up, and
 the providers page warning about alert channels whose target will be refused."""
 
 from __future__ import annotations

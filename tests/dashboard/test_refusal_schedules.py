@@ -1,4 +1,4 @@
-"""A re-probe schedule per provider and refusal category (issue 12, R3.2): validated
+"""A re-probe schedule per provider and refusal category (R3.2): validated
 by the service (API, providers page), stored with each refusal when it starts, and
 named on the segment page — a change never re-judges a refusal under way."""
 

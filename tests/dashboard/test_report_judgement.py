@@ -1,4 +1,4 @@
-"""Issue 12: each settled run's delivery is judged once and kept on its settlement
+"""R7.4: each settled run's delivery is judged once and kept on its settlement
 (``governance.services.deliveries``); any later write to its chunks, callback or
 receipts makes the judgement stale (database triggers, migration 0015), and the
 report never shows a stale one."""

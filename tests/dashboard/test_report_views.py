@@ -206,7 +206,7 @@ def get_report(client, **params):
 
 
 def read_csv(response) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    assert response.streaming  # issue 12: streamed, the header first
+    assert response.streaming  # streamed, the header first
     rows = list(csv.reader(io.StringIO(streamed_body(response).decode())))
     blank = rows.index([])
     aggregate, discrepancies = rows[:blank], rows[blank + 1 :]
@@ -328,7 +328,7 @@ def test_r84_quick_links_cover_24h_7_and_30_days_and_keep_the_grouping(client, m
     assert day.status_code == 200
     assert 'name="from" type="datetime-local" value="2025-03-09T12:00"' in day.content.decode()
     # one completed run, one chunk committed, sent and observed, all acknowledged
-    # (issue 12: its one request reported no usage — the cost is unknown, not 0)
+    # (its one request reported no usage — the cost is unknown, not 0)
     assert aggregate_rows(day) == [
         ["alpha", "1", "1", "0", "0", "0", "1", "1", "1", "1"] + ["0"] * 4 + ["unknown", "—", "1"]
     ]
@@ -839,7 +839,7 @@ def test_r84_a_run_settled_late_in_the_utc_day_is_counted_on_that_day(providers)
 def test_r84_the_csv_sends_its_header_before_the_report_is_read(
     client, manager, providers, monkeypatch
 ):
-    """Issue 12: streamed with an asynchronous iterator (Django's ASGI handler would read a
+    """Streamed with an asynchronous iterator (Django's ASGI handler would read a
     synchronous one to its end first): the header line comes before any row is read."""
     from asgiref.sync import async_to_sync
 

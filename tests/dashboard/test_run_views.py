@@ -776,7 +776,7 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
 
 
 def test_run_page_times_and_stages_of_many_attempts(client, oncall, thread):
-    """Issue 12 (bench/scale.py): each attempt's time is written without a template per
+    """At scale (bench/scale.py): each attempt's time is written without a template per
     row — the same <time> element, UTC hover title and offset from the run's start —
     and its stage is one of the run's stages, not one joined copy per attempt."""
     run = make_run(thread, stages=3, attempts=("alpha", "beta"))

@@ -377,7 +377,7 @@ def test_segment_timeline_pages_without_losing_same_instant_rows(
 
 
 def test_segment_timeline_reads_one_page_per_source_without_asking_again(thread_with_states):
-    """Issue 12 (bench/scale.py): the timeline reads one page of each of its five
+    """At scale (bench/scale.py): the timeline reads one page of each of its five
     sources (the stages by the segment's runs' ids, in the same statement); a source
     whose page reached below the oldest instant shown already holds that instant and
     says whether older rows exist, so it is not asked again (before: two more
@@ -466,7 +466,7 @@ def test_segment_page_query_count_is_bounded(
     client = login(client, operator)
     client.get(reverse("segment", args=[segment.id]))
     # Bounded whatever the segment's size: a fixed set of sources, each one page, asked
-    # once (issue 12: 19 before, when every source was asked again about the oldest
+    # once (19 before, when every source was asked again about the oldest
     # instant shown and about older rows).
     with django_assert_max_num_queries(13):
         response = client.get(reverse("segment", args=[segment.id]))

@@ -1,4 +1,4 @@
-"""API tokens: shown once, stored hashed, listed, revoked, scoped (issue 10);
+"""API tokens: shown once, stored hashed, listed, revoked, scoped;
 roles decide over the API exactly as in the dashboard (R8)."""
 
 from __future__ import annotations

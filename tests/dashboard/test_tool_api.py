@@ -1,4 +1,4 @@
-"""The tool registry over the API and ``manage.py tool`` (issue 11): register
+"""The tool registry over the API and ``manage.py tool``: register
 an MCP server (listed from a real loopback server) or an HTTP tool, read it,
 disable it, override effects, list again; bad input answers 4xx in the API's
 error shape, or a one-line CLI error; a thread's tool surface names registry

@@ -500,7 +500,7 @@ class System:
                 "GOVERNANCE_ALERT_RETRY_MAX_SECONDS": "4",
                 "GOVERNANCE_DASHBOARD_URL": f"http://127.0.0.1:{self.web_port}",
                 # The receivers of these tests listen on loopback over plain http:
-                # the outbound check (issue 10) lets exactly that address through.
+                # the outbound check lets exactly that address through.
                 "GOVERNANCE_OUTBOUND_ALLOW": "127.0.0.1",
             }
         )

@@ -1,4 +1,4 @@
-"""R6.7 backpressure at admission (issue 13): the pure verdict."""
+"""R6.7 backpressure at admission: the pure verdict."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cost rule (issue 12): from reported usage and per-million prices; no usage is not 0."""
+"""The cost rule: from reported usage and per-million prices; no usage is not 0."""
 
 from __future__ import annotations
 

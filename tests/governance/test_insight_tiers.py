@@ -1,4 +1,4 @@
-"""Issue 12: each provider attempt's Insights tier is decided once, by
+"""Each provider attempt's Insights tier is decided once, by
 ``governance.rules.insights.tier_sends``, and kept on the attempt
 (``governance.services.insight_tiers``); the Insights page sums what is kept
 (R3.1, R3.2, R3.8). The hand-made timeline is tests/dashboard/test_insights.py's,

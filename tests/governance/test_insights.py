@@ -1,4 +1,4 @@
-"""The pure statistics of issue 12 (governance/rules/insights.py): Wilson
+"""The pure statistics of the Insights page (governance/rules/insights.py): Wilson
 intervals, medians and the tier of each send (R3.1, R3.2, R3.8)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Outbound URLs are safe (issue 10): the pure rule behind the outbound calls of
+"""Outbound URLs are safe: the pure rule behind the outbound calls of
 R4.1 (the webhook tool), R7.3 (completion callbacks) and R8.2 (alert channels).
 
 The rule judges the addresses a host resolved to; the allow-list and the https

@@ -1,4 +1,4 @@
-"""R3.2 (issue 12): a re-probe schedule other than the default, validated."""
+"""R3.2: a re-probe schedule other than the default, validated."""
 
 from __future__ import annotations
 

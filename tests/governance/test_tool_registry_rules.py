@@ -1,4 +1,4 @@
-"""The pure rules of registry tools (issue 11): effect classes from MCP
+"""The pure rules of registry tools: effect classes from MCP
 annotations (R4.1, R6.4), outcomes as effects (R6.2), surfaces with
 ``server.*`` (R1.2), schema fingerprints and reversible wire names."""
 

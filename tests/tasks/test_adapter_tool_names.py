@@ -1,4 +1,4 @@
-"""Registry tool names on the wire (issue 11): ``files.read`` is offered and
+"""Registry tool names on the wire: ``files.read`` is offered and
 replayed as ``files__read`` to OpenAI- and Anthropic-compatible servers (their
 names must match ``[a-zA-Z0-9_-]{1,64}``), and a model's call is read back
 under the tool's own name."""

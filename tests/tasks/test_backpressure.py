@@ -1,4 +1,4 @@
-"""Issue 13: queues by kind, and new runs refused with 429 while the turns
+"""R6.7: queues by kind, and new runs refused with 429 while the turns
 queue is backed up — on the real Redis broker, with an injected clock."""
 
 from __future__ import annotations

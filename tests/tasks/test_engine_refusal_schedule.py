@@ -1,4 +1,4 @@
-"""R3.2 with a provider's own schedule (issue 12), end to end on a real worker with
+"""R3.2 with a provider's own schedule, end to end on a real worker with
 an injected clock: a refusal starts under its provider's schedule and keeps it when
 the schedule changes — its verdicts never change — and the next refusal (after a
 boundary) starts under the new one."""

@@ -1,4 +1,4 @@
-"""Issue 11 end to end: API → Redis → a real Celery worker → PostgreSQL, with
+"""Registry tools end to end: API → Redis → a real Celery worker → PostgreSQL, with
 an OpenAI-compatible model on loopback and a real MCP server (the SDK's
 MCPServer under uvicorn). The model asks for ``files.read`` (on the wire
 ``files__read``), reads the result, then answers; an external-effect MCP tool

@@ -1,4 +1,4 @@
-"""Issue 14 / R6.2: the words for a broken continuation, on every surface.
+"""R6.2: the words for a broken continuation, on every surface.
 
 The seed's second counterexample, through a real worker against a loopback
 OpenAI-compatible streaming server: the model asks for the calculator, the

@@ -1,4 +1,4 @@
-"""Outbound URLs are safe (issue 10), against real loopback HTTP(S) servers.
+"""Outbound URLs are safe, against real loopback HTTP(S) servers.
 
 The finding: ``callback_url`` accepted ``http://169.254.169.254/…`` and loopback
 addresses, so the worker POSTed wherever an API user pointed it. Now the three

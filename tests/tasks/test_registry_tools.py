@@ -1,4 +1,4 @@
-"""Registry tools against real servers on loopback (issue 11): the MCP client
+"""Registry tools against real servers on loopback: the MCP client
 on the official SDK and the HTTP tool executor, their outcomes as our facts
 (R4.1, R6.2, R6.4), listings and list-changed notifications (R1.3)."""
 

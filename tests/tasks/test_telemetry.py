@@ -74,7 +74,7 @@ def test_otlp_export_reaches_a_loopback_collector(settings, monkeypatch, collect
     assert attributes["governance.clock.queue_ms"] == 1234
     resource = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}
     assert resource["service.component"] == "test"
-    # Issue 13: which host (as in stage claims) and which process sent it.
+    # Which host (as in stage claims) and which process sent it.
     assert resource["host.name"] == settings.GOVERNANCE_HOST_NAME
     pids = [a.value.int_value for a in request.resource_spans[0].resource.attributes
             if a.key == "process.pid"]  # fmt: skip

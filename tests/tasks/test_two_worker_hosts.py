@@ -1,4 +1,4 @@
-"""Issue 13: two worker processes with different host names, one broker, one
+"""R6.6 across hosts: two worker processes with different host names, one broker, one
 database — each stage executed exactly once, the work shared, and the host
 named in the claim."""
 

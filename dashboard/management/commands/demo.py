@@ -1,4 +1,4 @@
-"""Seed a realistic demo scenario through the real engine (issue 4).
+"""Seed a realistic demo scenario through the real engine.
 
 Nothing here writes a fact row: threads, runs and boundaries go through
 ``governance.services`` and every stage runs through ``tasks.stages`` —
@@ -143,7 +143,7 @@ def _rule(action: str, spec: Any, *, when: dict | None = None, **extra: Any) -> 
 
 
 def _prices(input_: str, output: str, cached: str | None = None) -> dict[str, Any]:
-    """Prices per million tokens in USD (issue 12), so the pages show what refusals cost."""
+    """Prices per million tokens in USD, so the pages show what refusals cost."""
     return {
         "price_input_per_mtok": Decimal(input_),
         "price_output_per_mtok": Decimal(output),
