@@ -164,17 +164,7 @@ def apply_boundary(
         opened = _boundary_done(audit_key)
         if opened is not None:
             return opened, False
-    try:
-        kind = segment_rules.BoundaryKind(kind)
-    except ValueError:
-        kinds = ", ".join(k.value for k in segment_rules.BoundaryKind)
-        raise ServiceError("kind", f"unknown boundary kind {kind!r}; one of {kinds}") from None
-    if not reason or not reason.strip():
-        raise ServiceError("reason", "say why the boundary is applied")
-    if kind is segment_rules.BoundaryKind.MODEL_SWITCH and not model:
-        raise ServiceError("model", "name the model to switch to")
-    if tool_surface is not None and (problem := tool_servers.surface_problem(list(tool_surface))):
-        raise ServiceError("tool_surface", problem)
+    kind = _checked_boundary(kind, reason, model, tool_surface)
     with transaction.atomic():
         # One boundary at a time per thread: a double click waits here, then
         # finds the first click's boundary by its key.
@@ -193,61 +183,13 @@ def apply_boundary(
                 "segment", f"{expected_segment.key} was closed meanwhile; {current.key} is open"
             )
         old_config = segment_config_of(current)
-        new_surface = tuple(tool_surface) if tool_surface is not None else old_config.tool_surface
-        new_config = segment_rules.SegmentConfig(
-            model=model if model is not None else old_config.model,
-            mode=mode if mode is not None else old_config.mode,
-            tool_surface=new_surface,
-            system_prompt=system_prompt if system_prompt is not None else old_config.system_prompt,
-            # The next segment sees the registry's schemas as they are now (R1.3).
-            tool_schemas=tool_servers.surface_schemas(new_surface),
+        new_config = _next_config(old_config, model, mode, tool_surface, system_prompt)
+        transition = _transition(thread, current, kind, old_config, new_config, by, reason, now)
+        session = (
+            _next_session(thread, current.session, transition, kind, now)
+            if transition.new_session
+            else current.session
         )
-        generation = current.session.generation
-        new_session_id = (
-            _session_id(thread, generation + 1) if segment_rules.starts_new_session(kind) else None
-        )
-        value = segment_rules.Segment(
-            current.session_id, current.segment_no, old_config, current.opened_at
-        )
-        try:
-            transition = segment_rules.apply_boundary(
-                value,
-                kind,
-                at=now,
-                by=by,
-                reason=reason,
-                new_session_id=new_session_id,
-                new_config=new_config,
-            )
-        except segment_rules.SegmentError as exc:
-            raise ServiceError("kind", str(exc)) from None
-        if transition.new_session:
-            history = list(current.session.history.all())
-            summary = _summary_of(history) if history else ""
-            # R1.2/R1.3: what the next session starts with — kept, summarized or dropped.
-            kept = (
-                segment_rules.history_after_boundary(
-                    segment_rules.History(tuple(item.content for item in history)),
-                    transition,
-                    summary,
-                )
-                if history
-                else segment_rules.History()  # nothing to keep, summarize or drop
-            )
-            session = ThreadSession.objects.create(
-                id=transition.opened.session_id,
-                thread=thread,
-                generation=generation + 1,
-                opened_by=kind.value,
-                summary=summary if transition.history == "summarize" else "",
-                created_at=now,
-            )
-            HistoryItem.objects.bulk_create(
-                HistoryItem(session=session, seq=seq, role="user", content=text, accepted_at=now)
-                for seq, text in enumerate(kept.items, start=1)
-            )
-        else:
-            session = current.session
         Segment.objects.filter(pk=current.pk).update(
             closed_at=now, closed_kind=kind.value, closed_by=by, close_reason=reason.strip()
         )
@@ -271,6 +213,108 @@ def apply_boundary(
             idempotency_key=audit_key,
         )
     return opened, True
+
+
+def _checked_boundary(
+    kind: str, reason: str, model: str | None, tool_surface: Sequence[str] | None
+) -> segment_rules.BoundaryKind:
+    """The boundary's kind, once what the operator gave is whole (4xx otherwise)."""
+    try:
+        kind = segment_rules.BoundaryKind(kind)
+    except ValueError:
+        kinds = ", ".join(k.value for k in segment_rules.BoundaryKind)
+        raise ServiceError("kind", f"unknown boundary kind {kind!r}; one of {kinds}") from None
+    if not reason or not reason.strip():
+        raise ServiceError("reason", "say why the boundary is applied")
+    if kind is segment_rules.BoundaryKind.MODEL_SWITCH and not model:
+        raise ServiceError("model", "name the model to switch to")
+    if tool_surface is not None and (problem := tool_servers.surface_problem(list(tool_surface))):
+        raise ServiceError("tool_surface", problem)
+    return kind
+
+
+def _next_config(
+    old: segment_rules.SegmentConfig,
+    model: str | None,
+    mode: str | None,
+    tool_surface: Sequence[str] | None,
+    system_prompt: str | None,
+) -> segment_rules.SegmentConfig:
+    """The next segment's configuration: what the operator changed, the rest kept."""
+    surface = tuple(tool_surface) if tool_surface is not None else old.tool_surface
+    return segment_rules.SegmentConfig(
+        model=model if model is not None else old.model,
+        mode=mode if mode is not None else old.mode,
+        tool_surface=surface,
+        system_prompt=system_prompt if system_prompt is not None else old.system_prompt,
+        # The next segment sees the registry's schemas as they are now (R1.3).
+        tool_schemas=tool_servers.surface_schemas(surface),
+    )
+
+
+def _transition(
+    thread: Thread,
+    current: Segment,
+    kind: segment_rules.BoundaryKind,
+    old_config: segment_rules.SegmentConfig,
+    new_config: segment_rules.SegmentConfig,
+    by: str,
+    reason: str,
+    now: datetime,
+) -> segment_rules.BoundaryTransition:
+    """What the boundary does to the open segment, as the segment rules say (R1.2–R1.4)."""
+    generation = current.session.generation
+    new_session_id = (
+        _session_id(thread, generation + 1) if segment_rules.starts_new_session(kind) else None
+    )
+    value = segment_rules.Segment(
+        current.session_id, current.segment_no, old_config, current.opened_at
+    )
+    try:
+        return segment_rules.apply_boundary(
+            value,
+            kind,
+            at=now,
+            by=by,
+            reason=reason,
+            new_session_id=new_session_id,
+            new_config=new_config,
+        )
+    except segment_rules.SegmentError as exc:
+        raise ServiceError("kind", str(exc)) from None
+
+
+def _next_session(
+    thread: Thread,
+    current: ThreadSession,
+    transition: segment_rules.BoundaryTransition,
+    kind: segment_rules.BoundaryKind,
+    now: datetime,
+) -> ThreadSession:
+    """R1.2/R1.3: the new session and what it starts with — the history kept,
+    summarized or dropped."""
+    history = list(current.history.all())
+    summary = _summary_of(history) if history else ""
+    kept = (
+        segment_rules.history_after_boundary(
+            segment_rules.History(tuple(item.content for item in history)), transition, summary
+        )
+        if history
+        else segment_rules.History()  # nothing to keep, summarize or drop
+    )
+    session = ThreadSession.objects.create(
+        id=transition.opened.session_id,
+        thread=thread,
+        generation=current.generation + 1,
+        opened_by=kind.value,
+        summary=summary if transition.history == "summarize" else "",
+        created_at=now,
+    )
+    HistoryItem.objects.bulk_create(
+        HistoryItem(session=session, seq=seq, role="user", content=text, accepted_at=now)
+        for seq, text in enumerate(kept.items, start=1)
+    )
+    return session
 
 
 def follow_tool_schemas(server_name: str, now: datetime, *, why: str) -> list[Segment]:
