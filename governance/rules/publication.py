@@ -605,95 +605,155 @@ def delivery_discrepancies(
     callback = CallbackStatus(callback)
     if isinstance(unknown_effects, str):
         raise ValueError("unknown_effects must be a sequence of effect ids, not one string")
-    found: list[Discrepancy] = []
+    found = [
+        *_outcome_against_material(settlement, publication),
+        *_delivery_at_settlement(settlement, publication),
+        *_impossible_evidence(publication),
+        *_callback_against_settlement(settlement, callback),
+    ]
+    if settlement is not None and unknown_effects:
+        found.append(
+            Discrepancy(
+                EFFECTS_UNKNOWN,
+                f"settled {settlement.value} with effect(s) left unknown: "
+                f"{', '.join(str(e) for e in unknown_effects)}",
+            )
+        )
+    return tuple(found)
 
-    def flag(code: str, text: str) -> None:
-        found.append(Discrepancy(code, text))
 
+def _outcome_against_material(
+    settlement: SettlementOutcome | None, publication: Publication
+) -> list[Discrepancy]:
+    """The outcome claims what was saved: a body, attachments, or nothing."""
     committed = publication.committed_ids
-    observed = publication.observed_ids
-    unsent = committed - publication.sent_ids
-    unobserved = committed - observed
     save = save_outcome(publication)
-
+    found = []
     if settlement is SettlementOutcome.COMPLETED:
         if not committed:
-            flag(COMPLETED_WITHOUT_COMMITTED_BODY, "settled completed with no committed chunk")
+            found.append(
+                Discrepancy(
+                    COMPLETED_WITHOUT_COMMITTED_BODY, "settled completed with no committed chunk"
+                )
+            )
         elif not publication.body_complete:
-            flag(
-                COMPLETED_BODY_INCOMPLETE,
-                f"settled completed but the body is incomplete: {_save_gap(publication)}",
+            found.append(
+                Discrepancy(
+                    COMPLETED_BODY_INCOMPLETE,
+                    f"settled completed but the body is incomplete: {_save_gap(publication)}",
+                )
             )
         if not publication.attachments_saved:
             unsaved = [a.attachment_id for a in publication.attachments if not a.saved]
-            flag(
-                COMPLETED_ATTACHMENTS_UNSAVED,
-                f"settled completed but attachment(s) not saved: {', '.join(unsaved)}",
+            found.append(
+                Discrepancy(
+                    COMPLETED_ATTACHMENTS_UNSAVED,
+                    f"settled completed but attachment(s) not saved: {', '.join(unsaved)}",
+                )
             )
     elif settlement is SettlementOutcome.PARTIAL and save is SaveOutcome.NOTHING_SAVED:
-        flag(PARTIAL_WITHOUT_SAVED_MATERIAL, "settled partial but nothing was saved")
-    elif settlement is SettlementOutcome.FAILED and save is not SaveOutcome.NOTHING_SAVED:
-        flag(
-            FAILED_WITH_SAVED_MATERIAL,
-            f"settled failed although {len(committed)} chunk(s) were committed or "
-            "attachments saved; committed material is not erased (partial)",
+        found.append(
+            Discrepancy(PARTIAL_WITHOUT_SAVED_MATERIAL, "settled partial but nothing was saved")
         )
+    elif settlement is SettlementOutcome.FAILED and save is not SaveOutcome.NOTHING_SAVED:
+        found.append(
+            Discrepancy(
+                FAILED_WITH_SAVED_MATERIAL,
+                f"settled failed although {len(committed)} chunk(s) were committed or "
+                "attachments saved; committed material is not erased (partial)",
+            )
+        )
+    return found
 
-    if settlement is not None:
-        outcome = settlement.value
-        if unsent:
-            flag(
+
+def _delivery_at_settlement(
+    settlement: SettlementOutcome | None, publication: Publication
+) -> list[Discrepancy]:
+    """Once settled, every committed chunk should have been sent and observed."""
+    if settlement is None:
+        return []  # in flight: gaps are not disagreements yet
+    committed, observed = publication.committed_ids, publication.observed_ids
+    unsent = committed - publication.sent_ids
+    unobserved = committed - observed
+    outcome = settlement.value
+    found = []
+    if unsent:
+        found.append(
+            Discrepancy(
                 COMMITTED_NEVER_SENT,
                 f"settled {outcome} with committed chunk(s) never sent: {_ids(unsent)}",
             )
-        if committed and not observed:
-            flag(
+        )
+    if committed and not observed:
+        found.append(
+            Discrepancy(
                 NO_CLIENT_EVIDENCE,
                 f"settled {outcome} with {len(committed)} committed chunk(s) and no client "
                 "evidence: none acknowledged",
             )
-        elif unobserved:
-            flag(
+        )
+    elif unobserved:
+        found.append(
+            Discrepancy(
                 CHUNKS_NEVER_OBSERVED,
                 f"settled {outcome} with committed chunk(s) never observed: {_ids(unobserved)}",
             )
+        )
+    return found
 
-    unsent_but_observed = observed - publication.sent_ids
+
+def _impossible_evidence(publication: Publication) -> list[Discrepancy]:
+    """Client evidence that is wrong at any time: acks of what was never sent or committed."""
+    found = []
+    unsent_but_observed = publication.observed_ids - publication.sent_ids
     if unsent_but_observed:
-        flag(
-            OBSERVED_WITHOUT_SEND_RECORD,
-            f"client acknowledged chunk(s) with no send record: {_ids(unsent_but_observed)}",
+        found.append(
+            Discrepancy(
+                OBSERVED_WITHOUT_SEND_RECORD,
+                f"client acknowledged chunk(s) with no send record: {_ids(unsent_but_observed)}",
+            )
         )
     if publication.impossible_ack_through:
-        flag(
-            OBSERVED_EXCEEDS_COMMITTED,
-            f"client claimed chunks through {publication.impossible_ack_through} before they "
-            f"were committed ({len(committed)} committed now): impossible evidence",
+        found.append(
+            Discrepancy(
+                OBSERVED_EXCEEDS_COMMITTED,
+                f"client claimed chunks through {publication.impossible_ack_through} before "
+                f"they were committed ({len(publication.committed_ids)} committed now): "
+                "impossible evidence",
+            )
         )
+    return found
 
+
+def _callback_against_settlement(
+    settlement: SettlementOutcome | None, callback: CallbackStatus
+) -> list[Discrepancy]:
+    """What the completion callback told the client against the settlement."""
+    found = []
     reported = callback.reported_outcome
     if reported is not None and settlement is None:
-        flag(
-            CALLBACK_BEFORE_SETTLEMENT,
-            f"callback said {reported.value} but the run is not settled",
+        found.append(
+            Discrepancy(
+                CALLBACK_BEFORE_SETTLEMENT,
+                f"callback said {reported.value} but the run is not settled",
+            )
         )
     elif reported is SettlementOutcome.COMPLETED and settlement is not reported:
-        flag(
-            CALLBACK_SAID_COMPLETED,
-            f"callback said completed while the settlement is {settlement}",
+        found.append(
+            Discrepancy(
+                CALLBACK_SAID_COMPLETED,
+                f"callback said completed while the settlement is {settlement}",
+            )
         )
     elif reported is not None and settlement is not reported:
-        flag(
-            CALLBACK_OUTCOME_MISMATCH,
-            f"callback said {reported.value} while the settlement is {settlement}",
+        found.append(
+            Discrepancy(
+                CALLBACK_OUTCOME_MISMATCH,
+                f"callback said {reported.value} while the settlement is {settlement}",
+            )
         )
     if callback is CallbackStatus.DELIVERY_FAILED:
-        flag(CALLBACK_DELIVERY_FAILED, "the completion callback was never delivered")
-
-    if settlement is not None and unknown_effects:
-        flag(
-            EFFECTS_UNKNOWN,
-            f"settled {settlement.value} with effect(s) left unknown: "
-            f"{', '.join(str(e) for e in unknown_effects)}",
+        found.append(
+            Discrepancy(CALLBACK_DELIVERY_FAILED, "the completion callback was never delivered")
         )
-    return tuple(found)
+    return found
