@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from dashboard.api import waits as run_waits
 from governance import time_source
 from governance.models import Run
-from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from tests import facts as written
 from tests.dashboard.conftest import CLIENT_AUTH
 

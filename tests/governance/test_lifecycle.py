@@ -9,46 +9,52 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.rules.lifecycle import (
+from governance.rules.answers import Answer, answer_settlement
+from governance.rules.authority import (
     AUTHORITY,
-    DISPATCHING_PATHS,
-    NO_ANSWER_TEXT,
-    SEGMENT_SKIP_WORDS,
-    Answer,
-    Decision,
-    EffectEvidence,
-    EffectState,
-    EvidenceKind,
     FactKind,
-    IllegalTransitionError,
-    LifecycleError,
-    Outcome,
     OutsideAuthorityError,
     Owner,
     OwnerFact,
+    check_authority,
+)
+from governance.rules.decision_table import (
+    DISPATCHING_PATHS,
+    SEGMENT_SKIP_WORDS,
+    Decision,
     Path,
-    Phase,
-    ReasonCode,
+    next_path,
+)
+from governance.rules.dispatch import dispatch_allowed
+from governance.rules.effects import (
+    EffectEvidence,
+    EffectState,
+    EvidenceKind,
+    ReplayAction,
+    effect_state_after,
+    replay_action,
+)
+from governance.rules.lifecycle_input import LifecycleError
+from governance.rules.progress import NO_ANSWER_TEXT, classify_turn
+from governance.rules.recovery import (
     RecoveryCondition,
     RecoveryConditions,
-    ReplayAction,
     RunAuthorization,
-    RunFacts,
+    recovery_eligibility,
+)
+from governance.rules.run_facts import Phase, RunFacts, record_fact
+from governance.rules.settlement import (
+    Outcome,
+    ReasonCode,
     Settlement,
     SettlementConflictError,
+    settle_once,
+)
+from governance.rules.transitions import (
+    IllegalTransitionError,
     Stage,
     allowed_stages,
-    answer_settlement,
     apply_decision,
-    check_authority,
-    classify_turn,
-    dispatch_allowed,
-    effect_state_after,
-    next_path,
-    record_fact,
-    recovery_eligibility,
-    replay_action,
-    settle_once,
     successor_run,
 )
 
@@ -1215,7 +1221,7 @@ def test_r6_5_settlement_never_changes_once_written(
 
 
 def _follow(decision: Decision, next_work=None, **kw: object):
-    from governance.rules.lifecycle import follow_up
+    from governance.rules.transitions import follow_up
 
     kw.setdefault("last_increment", ())
     kw.setdefault("finalization_started", False)
@@ -1300,7 +1306,7 @@ def test_r6_3_r4_5_a_decision_never_starts_a_stage_it_does_not_allow() -> None:
 
 
 def test_r6_4_recovery_conditions_are_gathered_only_after_a_transient_failure() -> None:
-    from governance.rules.lifecycle import needs_recovery_conditions
+    from governance.rules.decision_table import needs_recovery_conditions
 
     assert needs_recovery_conditions([transient()])
     # The latest provider fact decides; other owners' facts after it do not.
