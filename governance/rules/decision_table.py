@@ -4,8 +4,8 @@ Only this module turns the owners' facts (R4.1) into the run's next path:
 continue, bounded recovery, finalization-only, verify an unknown effect, or
 settle. A local "no" never ends the run by itself (R4.2); a turn that
 produced nothing ends the run honestly (R4.4); an answer settles on what it
-answers (R4.5); recovery needs the R6.4 conditions; a settlement is given
-once (R6.5).
+answers (R4.5); recovery needs the R6.4 conditions; a settled run gets its
+one settlement again (R6.5).
 
 Pure rules: no I/O, no clock. The runner gathers facts, asks ``next_path`` and
 records the decision through the services (``transitions`` moves the run
@@ -24,10 +24,7 @@ from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE, OUTPUT_RESERVE, 
 from governance.rules.lifecycle_input import LifecycleError, is_text, require_text
 from governance.rules.progress import NO_ANSWER_TEXT
 from governance.rules.provider_failures import FAILURE_WORDS
-from governance.rules.recovery import (
-    RECOVERY_REFUSAL_WORDS,
-    recovery_eligibility,
-)
+from governance.rules.recovery import RECOVERY_REFUSAL_WORDS, recovery_eligibility
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 from governance.rules.run_facts import Phase, RunFacts
 from governance.rules.settlement import Outcome, ReasonCode, Settlement
