@@ -10,13 +10,14 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 
 from governance.models import Run, RunEvent, Settlement
-from governance.rules import lifecycle as lc
+from governance.rules import settlement as rules_settlement
+from governance.rules.decision_table import Decision, Path
 from governance.services.runs import decision_entry, run_facts, settlement_row
 
 
-def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
+def record_decision(run: Run, decision: Decision, now: datetime) -> None:
     """Keep the lifecycle's decision on the run, as a stage's close would."""
-    entering = decision.path is lc.Path.FINALIZATION_ONLY and run.phase != "finalization"
+    entering = decision.path is Path.FINALIZATION_ONLY and run.phase != "finalization"
     entry = decision_entry(
         decision, now, facts_before=len(run_facts(run).facts) if entering else None
     )
@@ -27,7 +28,9 @@ def record_decision(run: Run, decision: lc.Decision, now: datetime) -> None:
         run.phase = "finalization"
 
 
-def settle(run: Run, settlement: lc.Settlement, now: datetime) -> tuple[Settlement, bool]:
+def settle(
+    run: Run, settlement: rules_settlement.Settlement, now: datetime
+) -> tuple[Settlement, bool]:
     """R6.5: written once; a repeat returns the settlement that stands."""
     try:
         with transaction.atomic():

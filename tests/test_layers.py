@@ -75,7 +75,26 @@ def clock_reads(tree: ast.AST) -> list[str]:
 
 def test_rule_modules_exist():
     names = {p.stem for p in rule_modules()}
-    expected = {"refusal", "segments", "health", "routing", "run_clocks", "budget", "lifecycle"}
+    expected = {
+        "refusal",
+        "segments",
+        "health",
+        "routing",
+        "run_clocks",
+        "budget",
+        "lifecycle_input",
+        "authority",
+        "answers",
+        "dispatch",
+        "progress",
+        "provider_failures",
+        "settlement",
+        "recovery",
+        "effects",
+        "run_facts",
+        "decision_table",
+        "transitions",
+    }
     assert expected <= names
 
 

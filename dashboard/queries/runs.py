@@ -30,7 +30,7 @@ from governance.models import (
     Stage,
     ToolReceipt,
 )
-from governance.rules import lifecycle as lc
+from governance.rules.provider_failures import failure_label
 from governance.rules.publication import DeliveryEvidence, PublicationError, delivery_evidence
 from governance.rules.run_clocks import deadline_reached
 from governance.services.deliveries import publication_of
@@ -484,7 +484,7 @@ def stage_fact_words(timeout_name: str, failure_class: str) -> str:
     stage says "timed out" only when one of its clocks did."""
     words = [f"timed out: {timeout_name}"] if timeout_name else []
     if failure_class and not (timeout_name and failure_class == "timeout"):
-        words.append(lc.failure_label(failure_class))
+        words.append(failure_label(failure_class))
     return " · ".join(words)
 
 

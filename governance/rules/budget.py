@@ -66,6 +66,20 @@ class RefusalReason(StrEnum):
 # The gauge resource: held slots come back on release; all others only grow.
 RELEASABLE: frozenset[Resource] = frozenset({Resource.PROVIDER_CONCURRENCY})
 
+# R5.2: the run's resources, each with its own ledger.
+RESOURCES = frozenset(
+    {
+        "model_requests",
+        "tool_calls",
+        "web_searches",
+        "provider_concurrency",
+        "body_revisions",
+        "output_reserve",
+    }
+)
+ORDINARY_RESEARCH_RESOURCE = "model_requests"
+OUTPUT_RESERVE = "output_reserve"
+
 
 class BudgetError(ValueError):
     """Illegal input to the ledger arithmetic (not a refusal)."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 # One outcome vocabulary: the lifecycle owns settlement (R6.5).
-from governance.rules.lifecycle import Outcome as SettlementOutcome
+from governance.rules.settlement import Outcome as SettlementOutcome
 
 
 class SaveOutcome(StrEnum):

@@ -15,15 +15,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from governance.rules import lifecycle as lc
+from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.effects import (
+    EffectEvidence,
+    EffectState,
+    EvidenceKind,
+    ReplayAction,
+    replay_action,
+)
 from governance.rules.segments import SURFACE_WILDCARD, surface_allows
 from governance.rules.turns import ReceiptClose, StageConclusion
 
-EFFECT_FACT_KINDS: Mapping[str, lc.FactKind] = {
-    "succeeded": lc.FactKind.OPERATION_SUCCEEDED,
-    "failed": lc.FactKind.OPERATION_FAILED,
-    "refused": lc.FactKind.OPERATION_REFUSED,
-    "unknown": lc.FactKind.EFFECT_UNKNOWN,
+EFFECT_FACT_KINDS: Mapping[str, FactKind] = {
+    "succeeded": FactKind.OPERATION_SUCCEEDED,
+    "failed": FactKind.OPERATION_FAILED,
+    "refused": FactKind.OPERATION_REFUSED,
+    "unknown": FactKind.EFFECT_UNKNOWN,
 }
 TOOL_MESSAGE_MAX_CHARS = 8000
 MAX_VERIFICATIONS = 3
@@ -85,18 +92,18 @@ def receipt_step(
     key is replayed. Built-in read-only tools have no external effect to repeat.
     """
     if receipt_effect is not None and receipt_effect != "pending":
-        state = lc.EffectState.HAPPENED
+        state = EffectState.HAPPENED
     elif receipt_effect is None or not external:
         return "perform"
     elif verified_replay:
-        state = lc.EffectState.DID_NOT_HAPPEN
+        state = EffectState.DID_NOT_HAPPEN
     else:
-        state = lc.EffectState.UNKNOWN
-    action = lc.replay_action(state)
+        state = EffectState.UNKNOWN
+    action = replay_action(state)
     return {
-        lc.ReplayAction.READ_BACK: "read_back",
-        lc.ReplayAction.VERIFY_FIRST: "verify",
-        lc.ReplayAction.REPLAY_SAME_KEY: "perform",
+        ReplayAction.READ_BACK: "read_back",
+        ReplayAction.VERIFY_FIRST: "verify",
+        ReplayAction.REPLAY_SAME_KEY: "perform",
     }[action]
 
 
@@ -147,8 +154,8 @@ def conclude_tool_call(
             "next": next_work,
             "replay": {"kind": "tool_call", "payload": {**payload, "replay": True}},
         }
-    fact = lc.OwnerFact(
-        lc.Owner.EXECUTOR,
+    fact = OwnerFact(
+        Owner.EXECUTOR,
         EFFECT_FACT_KINDS[effect],
         f"{call['name']}:{call['id']}",
         detail=error,
@@ -170,20 +177,20 @@ class ReceiptVerdict:
 
     key: str
     tool: str
-    state: lc.EffectState
+    state: EffectState
     output: Any = None
     # False: the executor has no way to ask (an MCP tool, an HTTP tool without
     # a verification URL); asking again later cannot prove anything either.
     verifiable: bool = True
 
 
-def effect_evidence(key: str, lookup_effect: str) -> lc.EffectEvidence:
+def effect_evidence(key: str, lookup_effect: str) -> EffectEvidence:
     """The executor's lookup by key as R6.4 evidence: found, proven absent, or no answer."""
     if lookup_effect == "succeeded":
-        return lc.EffectEvidence(lc.EvidenceKind.EXECUTOR_LOOKUP, key, True)
+        return EffectEvidence(EvidenceKind.EXECUTOR_LOOKUP, key, True)
     if lookup_effect == "failed":
-        return lc.EffectEvidence(lc.EvidenceKind.EXECUTOR_LOOKUP, key, False)
-    return lc.EffectEvidence(lc.EvidenceKind.NO_RESPONSE)
+        return EffectEvidence(EvidenceKind.EXECUTOR_LOOKUP, key, False)
+    return EffectEvidence(EvidenceKind.NO_RESPONSE)
 
 
 def conclude_verification(
@@ -203,12 +210,12 @@ def conclude_verification(
     still_unknown = []
     unverifiable = False
     for verdict in verdicts:
-        action = lc.replay_action(verdict.state)
-        if action is lc.ReplayAction.READ_BACK:
-            kind = lc.FactKind.EFFECT_HAPPENED
+        action = replay_action(verdict.state)
+        if action is ReplayAction.READ_BACK:
+            kind = FactKind.EFFECT_HAPPENED
             receipts.append(ReceiptClose(verdict.key, "succeeded", verdict.output, verified=True))
-        elif action is lc.ReplayAction.REPLAY_SAME_KEY:
-            kind = lc.FactKind.EFFECT_DID_NOT_HAPPEN
+        elif action is ReplayAction.REPLAY_SAME_KEY:
+            kind = FactKind.EFFECT_DID_NOT_HAPPEN
             next_work = resume.get("replay") or next_work
             receipts.append(
                 ReceiptClose(
@@ -222,9 +229,7 @@ def conclude_verification(
             still_unknown.append(verdict.key)
             unverifiable = unverifiable or not verdict.verifiable
             continue
-        facts.append(
-            lc.OwnerFact(lc.Owner.EXECUTOR, kind, verdict.tool, idempotency_key=verdict.key)
-        )
+        facts.append(OwnerFact(Owner.EXECUTOR, kind, verdict.tool, idempotency_key=verdict.key))
     if still_unknown and (attempt >= MAX_VERIFICATIONS or unverifiable):
         detail = (
             "the effect stays unknown: the tool has no verification contract"
@@ -232,9 +237,7 @@ def conclude_verification(
             else f"effect still unknown after {attempt} verifications"
         )
         facts.append(
-            lc.OwnerFact(
-                lc.Owner.RESOURCE, lc.FactKind.HARD_LIMIT_REACHED, "tool_calls", detail=detail
-            )
+            OwnerFact(Owner.RESOURCE, FactKind.HARD_LIMIT_REACHED, "tool_calls", detail=detail)
         )
     return StageConclusion(
         outcome="still_unknown" if still_unknown else "verified",

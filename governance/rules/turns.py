@@ -19,15 +19,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
-from governance.rules.budget import Draw
+from governance.rules.answers import Answer
+from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE, OUTPUT_RESERVE, Draw
+from governance.rules.dispatch import dispatch_allowed
 from governance.rules.health import (
     TIME_BASED_CLASSES,
     Classification,
     HealthVerdict,
     TurnRefusalMemory,
 )
+from governance.rules.progress import classify_turn
+from governance.rules.provider_failures import INTERRUPTED, RETRYABLE_FAILURE_CLASSES
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
 from governance.rules.routing import (
     AttemptOutcome,
@@ -226,7 +230,7 @@ def turn_draw(
     from a dead holder draws again from the same balance; a redelivery to the
     same claim finds its key admitted and consumes nothing new."""
     return Draw(
-        resource=lc.ORDINARY_RESEARCH_RESOURCE,
+        resource=ORDINARY_RESEARCH_RESOURCE,
         amount=1,
         key=f"stage{stage_id}.{claim}:{provider_id}:{kind}:{step}",
         purpose=ledger_purpose(kind, recovery=recovery),
@@ -290,7 +294,7 @@ def dispatch_outcome(
     """R4.3/R5.2: None when the prepared request may go; else why no request
     was made. Only objective limits block (the user's stop, the authorization
     recorded at admission, the ledger's admission) — there is no advisory veto."""
-    verdict = lc.dispatch_allowed(
+    verdict = dispatch_allowed(
         prepared_needs=(),
         current_needs=(),
         cancel_requested=cancel_requested,
@@ -388,7 +392,7 @@ class StageConclusion:
     """Everything one stage concluded, written by one service call in one transaction."""
 
     outcome: str
-    facts: tuple[lc.OwnerFact, ...] = ()
+    facts: tuple[OwnerFact, ...] = ()
     # Three separate facts (R6.2): the stage's outcome, the failure class of
     # what it called (``interrupted``, ``network``, ``timeout``, …) and the
     # clock that ran out (``stage_timeout``, ``no_progress``, ``deadline_exceeded``).
@@ -430,8 +434,8 @@ def _counts_for_health(classification: Classification) -> bool:
     return classification.failure_class is None or classification.failure_class in HEALTH_CLASSES
 
 
-def _provider_fact(kind: lc.FactKind, subject: str, **extra: Any) -> lc.OwnerFact:
-    return lc.OwnerFact(lc.Owner.PROVIDER, kind, subject, **extra)
+def _provider_fact(kind: FactKind, subject: str, **extra: Any) -> OwnerFact:
+    return OwnerFact(Owner.PROVIDER, kind, subject, **extra)
 
 
 def _counts(calls: Sequence[TurnCall], outcome: TurnOutcome) -> dict[str, int]:
@@ -479,21 +483,21 @@ def conclude_turn(
         # The user's stop is already a fact of the run; the lifecycle settles it.
         return StageConclusion(**common, outcome="stopped")
     if outcome.failure_class == "budget_exhausted":
-        pool = lc.OUTPUT_RESERVE if facts.final else lc.ORDINARY_RESEARCH_RESOURCE
-        fact = lc.OwnerFact(lc.Owner.RESOURCE, lc.FactKind.RESOURCE_EXHAUSTED, pool)
+        pool = OUTPUT_RESERVE if facts.final else ORDINARY_RESEARCH_RESOURCE
+        fact = OwnerFact(Owner.RESOURCE, FactKind.RESOURCE_EXHAUSTED, pool)
         return StageConclusion(**common, outcome="budget_exhausted", facts=(fact,))
     # The attempt a clock cut is classed ``timeout`` (R2.1); the clock is named apart.
     cut_class = calls[-1].classification.failure_class or "" if calls else ""
     if timeout == "deadline_exceeded":
-        fact = lc.OwnerFact(lc.Owner.CLOCK, lc.FactKind.DEADLINE_EXCEEDED, "deadline")
+        fact = OwnerFact(Owner.CLOCK, FactKind.DEADLINE_EXCEEDED, "deadline")
         return StageConclusion(
             **common, outcome="timeout", facts=(fact,), timeout_name=timeout,
             failure_class=cut_class,
         )  # fmt: skip
     if timeout == "no_progress":
-        fact = lc.OwnerFact(
-            lc.Owner.CLOCK,
-            lc.FactKind.NO_PROGRESS_TIMEOUT,
+        fact = OwnerFact(
+            Owner.CLOCK,
+            FactKind.NO_PROGRESS_TIMEOUT,
             "no_progress",
             detail="the stream sent heartbeats but no business progress",
         )
@@ -506,20 +510,20 @@ def conclude_turn(
     # ``interrupted`` (the request may have been served, effect unknown):
     # neither a timeout nor evidence of a network failure. Like a transient
     # failure, a model request may be retried after it.
-    failure = lc.INTERRUPTED if outcome.result == "interrupted" else outcome.failure_class
-    if failure in lc.RETRYABLE_FAILURE_CLASSES:
+    failure = INTERRUPTED if outcome.result == "interrupted" else outcome.failure_class
+    if failure in RETRYABLE_FAILURE_CLASSES:
         fact = _provider_fact(
-            lc.FactKind.TRANSIENT_FAILURE,
+            FactKind.TRANSIENT_FAILURE,
             "model_turn",
             failure_class=failure,
             detail=f"{_provider_of(calls)}: {detail}" if detail else _provider_of(calls),
         )
         return StageConclusion(
-            **common, outcome="interrupted" if failure == lc.INTERRUPTED else "failed",
+            **common, outcome="interrupted" if failure == INTERRUPTED else "failed",
             facts=(fact,), failure_class=failure, detail=detail,
         )  # fmt: skip
     fact = _provider_fact(
-        lc.FactKind.TURN_WITHOUT_PROGRESS,
+        FactKind.TURN_WITHOUT_PROGRESS,
         "model_turn",
         detail=f"every provider failed: {outcome.failure_class}",
     )
@@ -553,9 +557,9 @@ def _accepted(
         else [c for c in accepted.tool_calls if surface_allows(c["name"], facts.tool_surface)]
     )
     # R4.4: only a deliverable body or a valid tool call is progress.
-    kind = lc.classify_turn(accepted.text, len(valid_calls))
+    kind = classify_turn(accepted.text, len(valid_calls))
     base = {"outcome": "accepted", "detail": detail}
-    if kind is lc.FactKind.TURN_CALLED_TOOLS:
+    if kind is FactKind.TURN_CALLED_TOOLS:
         calls_made = [dict(c) for c in valid_calls]
         return {
             **base,
@@ -575,7 +579,7 @@ def _accepted(
                 },
             },
         }
-    if kind is lc.FactKind.TURN_ANSWERED:
+    if kind is FactKind.TURN_ANSWERED:
         texts = chunks_of(accepted.text, accepted.text_pieces)
         body, ids = pub.commit_body(facts.publication, len(texts))
         chunks = tuple(
@@ -589,16 +593,16 @@ def _accepted(
             "chunks": chunks,
             "progress": True,
             "facts": (
-                lc.OwnerFact(
-                    lc.Owner.PUBLICATION,
-                    lc.FactKind.BODY_COMMITTED,
+                OwnerFact(
+                    Owner.PUBLICATION,
+                    FactKind.BODY_COMMITTED,
                     f"body:{facts.run_id}",
                     version=chunks[-1].version,
                 ),
                 _provider_fact(
                     kind,
                     accepted.provider_id,
-                    answer=lc.Answer(facts.goal, gaps, narrowed=facts.final),
+                    answer=Answer(facts.goal, gaps, narrowed=facts.final),
                 ),
             ),
         }
@@ -618,7 +622,7 @@ def _no_provider(facts: TurnFacts, outcome: TurnOutcome, now: datetime) -> dict[
     cause, until = why_no_candidate(outcome.skipped, [r.provider_id for r in outcome.recorded])
     if cause == "refused":
         fact = _provider_fact(
-            lc.FactKind.NO_ELIGIBLE_PROVIDER,
+            FactKind.NO_ELIGIBLE_PROVIDER,
             facts.segment_key,
             detail=f"every provider is {RULE_TEXT}",
         )
@@ -626,7 +630,7 @@ def _no_provider(facts: TurnFacts, outcome: TurnOutcome, now: datetime) -> dict[
     if cause == "breaker_open":
         # Time repairs an open breaker: recover once it half-opens (R2.2, R6.3).
         fact = _provider_fact(
-            lc.FactKind.TRANSIENT_FAILURE,
+            FactKind.TRANSIENT_FAILURE,
             "model_turn",
             failure_class="server_error",
             detail="every usable provider's breaker is open"
@@ -636,7 +640,7 @@ def _no_provider(facts: TurnFacts, outcome: TurnOutcome, now: datetime) -> dict[
         return {"outcome": "no_provider", "facts": (fact,), "recovery_delay_s": delay}
     reasons = "; ".join(f"{s.provider_id}: {s.detail}" for s in outcome.skipped)
     fact = _provider_fact(
-        lc.FactKind.TURN_WITHOUT_PROGRESS,
+        FactKind.TURN_WITHOUT_PROGRESS,
         "model_turn",
         detail=f"no provider could be asked ({reasons})",
     )
@@ -657,7 +661,7 @@ def conclude_stop(*, cancel_requested: bool) -> StageConclusion:
     starts nothing; past the deadline the clock owns the fact (R6.1)."""
     if cancel_requested:
         return StageConclusion(outcome="stopped")
-    fact = lc.OwnerFact(lc.Owner.CLOCK, lc.FactKind.DEADLINE_EXCEEDED, "deadline")
+    fact = OwnerFact(Owner.CLOCK, FactKind.DEADLINE_EXCEEDED, "deadline")
     return StageConclusion(outcome="stopped", facts=(fact,), timeout_name="deadline_exceeded")
 
 
@@ -667,11 +671,11 @@ def conclude_local_failure(stage_kind: str, stage_seq: int, words: str) -> Stage
     broke produced no answer, so it ends boundedly and says so (R4.4)."""
     if stage_kind in ("model_turn", "finalization"):
         fact = _provider_fact(
-            lc.FactKind.TURN_WITHOUT_PROGRESS, stage_kind, detail=f"internal error: {words}"
+            FactKind.TURN_WITHOUT_PROGRESS, stage_kind, detail=f"internal error: {words}"
         )
     else:
-        fact = lc.OwnerFact(
-            lc.Owner.EXECUTOR, lc.FactKind.OPERATION_FAILED, f"{stage_kind}:{stage_seq}",
+        fact = OwnerFact(
+            Owner.EXECUTOR, FactKind.OPERATION_FAILED, f"{stage_kind}:{stage_seq}",
             detail=words,
         )  # fmt: skip
     return StageConclusion(outcome="error", facts=(fact,), detail=words)
@@ -681,8 +685,8 @@ def conclude_unwatchable(words: str) -> StageConclusion:
     """R6.1/R4.1: the clocks cannot be read from what the run stored at
     admission (a rule raised on its values). The guard reports that the run's
     admitted limits no longer hold; the lifecycle stops and settles it."""
-    fact = lc.OwnerFact(
-        lc.Owner.GUARD, lc.FactKind.IDENTITY_INVALID, "admitted limits",
+    fact = OwnerFact(
+        Owner.GUARD, FactKind.IDENTITY_INVALID, "admitted limits",
         detail=f"the clock watchdog could not read this run's limits: {words}",
     )  # fmt: skip
     return StageConclusion(outcome="abandoned", facts=(fact,), detail=words)
@@ -692,9 +696,9 @@ def conclude_breach(timeout_name: str) -> StageConclusion:
     """R6.1/R6.2: the clock watchdog found a run past its deadline or without
     progress while no stage held it; the clock owns that fact."""
     kind = (
-        lc.FactKind.DEADLINE_EXCEEDED
+        FactKind.DEADLINE_EXCEEDED
         if timeout_name == "deadline_exceeded"
-        else lc.FactKind.NO_PROGRESS_TIMEOUT
+        else FactKind.NO_PROGRESS_TIMEOUT
     )
-    fact = lc.OwnerFact(lc.Owner.CLOCK, kind, timeout_name, detail="clock watchdog")
+    fact = OwnerFact(Owner.CLOCK, kind, timeout_name, detail="clock watchdog")
     return StageConclusion(outcome="abandoned", facts=(fact,), timeout_name=timeout_name)

@@ -13,7 +13,8 @@ from governance.models import (
     Segment,
     Stage,
 )
-from governance.rules import lifecycle as lc
+from governance.rules.answers import Answer
+from governance.rules.authority import OwnerFact
 
 FACTS = "facts"  # the event kind of owners' facts ("fact": one fact, an older log)
 FACT_KINDS = (FACTS, "fact")
@@ -47,7 +48,7 @@ def new_event(
     return RunEvent(run=run, segment=segment, stage=stage, kind=kind, at=at, metadata=metadata)
 
 
-def _fact_payload(fact: lc.OwnerFact) -> dict[str, Any]:
+def _fact_payload(fact: OwnerFact) -> dict[str, Any]:
     payload = {
         "owner": fact.owner.value,
         "kind": fact.kind.value,
@@ -62,9 +63,9 @@ def _fact_payload(fact: lc.OwnerFact) -> dict[str, Any]:
     return payload
 
 
-def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
+def _fact_from(payload: dict[str, Any]) -> OwnerFact:
     answer = payload.get("answer")
-    return lc.OwnerFact(
+    return OwnerFact(
         owner=payload["owner"],
         kind=payload["kind"],
         subject=payload["subject"],
@@ -73,7 +74,7 @@ def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
         version=payload.get("version"),
         failure_class=payload.get("failure_class"),
         answer=(
-            lc.Answer(answer["goal"], tuple(answer["stated_gaps"]), answer["narrowed"])
+            Answer(answer["goal"], tuple(answer["stated_gaps"]), answer["narrowed"])
             if answer
             else None
         ),
@@ -81,7 +82,7 @@ def _fact_from(payload: dict[str, Any]) -> lc.OwnerFact:
 
 
 def facts_event(
-    run: Run, facts: Sequence[lc.OwnerFact], now: datetime, stage: Stage | None = None
+    run: Run, facts: Sequence[OwnerFact], now: datetime, stage: Stage | None = None
 ) -> RunEvent:
     """The owners' facts of one write as one event of the run's log (R4.1), not
     yet written: a stage's facts travel together, in order."""
@@ -91,11 +92,11 @@ def facts_event(
     )  # fmt: skip
 
 
-def record_fact(run: Run, fact: lc.OwnerFact, now: datetime, stage: Stage | None = None) -> None:
+def record_fact(run: Run, fact: OwnerFact, now: datetime, stage: Stage | None = None) -> None:
     facts_event(run, [fact], now, stage).save()
 
 
-def facts_of(metadata: dict[str, Any]) -> list[lc.OwnerFact]:
+def facts_of(metadata: dict[str, Any]) -> list[OwnerFact]:
     """The facts one event holds (a single-fact event of an older log too)."""
     if "facts" in metadata:
         return [_fact_from(payload) for payload in metadata["facts"]]

@@ -25,7 +25,13 @@ from governance.models import (
 )
 from governance.rules import claims as claim_rules
 from governance.rules import connection as conn
-from governance.rules import lifecycle as lc
+from governance.rules import settlement as rules_settlement
+from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.decision_table import Decision, Path
+from governance.rules.lifecycle_input import LifecycleError
+from governance.rules.recovery import RecoveryConditions
+from governance.rules.run_facts import RunFacts
+from governance.rules.transitions import successor_run
 from governance.services import statements as sql
 from governance.services.admission import Overloaded, check_admission
 from governance.services.audit import audit
@@ -119,8 +125,8 @@ def submit_run(
     if previous_run is not None:
         # R6.4: continuing after settlement is a new run, linked and admitted on its own.
         try:
-            lc.successor_run(run_facts(previous_run), str(run_id), "continues a settled run")
-        except lc.LifecycleError as exc:
+            successor_run(run_facts(previous_run), str(run_id), "continues a settled run")
+        except LifecycleError as exc:
             raise ServiceError("previous_run", str(exc)) from None
 
     def admit_new() -> tuple[Run, Stage, bool]:
@@ -310,12 +316,12 @@ def run_goal(run: Run) -> str:
 
 def run_facts(
     run: Run,
-    recovery: lc.RecoveryConditions | None = None,
+    recovery: RecoveryConditions | None = None,
     *,
-    extra: Sequence[lc.OwnerFact] = (),
+    extra: Sequence[OwnerFact] = (),
     read_settlement: bool = True,
     payloads: Sequence[Any] | None = None,
-) -> lc.RunFacts:
+) -> RunFacts:
     """The lifecycle's view of a run: its owners' facts in order (``extra``: the
     facts of a close not yet written), its phase and where finalization began
     (kept on the decision that entered it), its settlement. ``payloads``: the
@@ -326,16 +332,18 @@ def run_facts(
     finalization_from = None
     if run.phase == "finalization":
         entered = next(
-            (d for d in run.decisions if d.get("path") == lc.Path.FINALIZATION_ONLY.value), {}
+            (d for d in run.decisions if d.get("path") == Path.FINALIZATION_ONLY.value), {}
         )
         finalization_from = min(entered.get("facts_before", len(facts)), len(facts))
     row = Settlement.objects.filter(run=run).first() if read_settlement else None
     settlement = (
-        lc.Settlement(row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects))
+        rules_settlement.Settlement(
+            row.outcome, row.reason_code, row.reason, tuple(row.unknown_effects)
+        )
         if row is not None
         else None
     )
-    return lc.RunFacts(
+    return RunFacts(
         run_id=str(run.id),
         goal=run_goal(run),
         facts=facts,
@@ -368,7 +376,7 @@ def fact_payloads_later(run_id: Any) -> sql.Later[list[Any]]:
 
 
 def decision_entry(
-    decision: lc.Decision, now: datetime, *, facts_before: int | None = None
+    decision: Decision, now: datetime, *, facts_before: int | None = None
 ) -> dict[str, Any]:
     """The lifecycle's decision as the run keeps it (the run page's path)."""
     entry: dict[str, Any] = {
@@ -391,7 +399,12 @@ RUN_SETTLED_CHANNEL = "governance_run_settled"
 
 
 def settlement_row(
-    run: Run, settlement: lc.Settlement, now: datetime, events: list, *, known_absent: bool = False
+    run: Run,
+    settlement: rules_settlement.Settlement,
+    now: datetime,
+    events: list,
+    *,
+    known_absent: bool = False,
 ) -> tuple[Settlement, bool]:
     """R6.5 inside a stage's closing transaction (the run row is locked): the
     settlement is written once; its event joins ``events``. ``known_absent``:
@@ -451,7 +464,7 @@ def request_cancel(run: Run, *, by: str, now: datetime) -> bool:
         Run.objects.filter(id=run.id).update(cancel_requested_at=now, cancel_requested_by=by)
         record_fact(
             locked,
-            lc.OwnerFact(lc.Owner.USER, lc.FactKind.CANCEL_REQUESTED, str(run.id), f"by {by}"),
+            OwnerFact(Owner.USER, FactKind.CANCEL_REQUESTED, str(run.id), f"by {by}"),
             now,
         )
         audit(

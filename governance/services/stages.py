@@ -38,15 +38,20 @@ from governance.models import (
 from governance.rules import budget as budget_rules
 from governance.rules import claims as claim_rules
 from governance.rules import health as health_rules
-from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
 from governance.rules import routing, run_clocks
 from governance.rules import turns as turn_rules
+from governance.rules.authority import FactKind
+from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE
+from governance.rules.decision_table import Decision, Path, needs_recovery_conditions, next_path
+from governance.rules.recovery import RecoveryConditions, RunAuthorization
 from governance.rules.refusal import (
     ProviderRefusal,
     ReprobeSchedules,
     no_eligible_provider_notice,
 )
+from governance.rules.run_facts import Phase, RunFacts
+from governance.rules.transitions import apply_decision, follow_up
 from governance.rules.turns import StageConclusion
 from governance.services import budget as budget_service
 from governance.services import callbacks
@@ -383,7 +388,7 @@ def tool_surface(run: Run) -> tuple[str, ...]:
 class Closed:
     """What the closing transaction wrote (for spans and metrics after commit)."""
 
-    decision: lc.Decision
+    decision: Decision
     settled: bool = False
     notifications: list[Notification] = field(default_factory=list)
     critical_alert: bool = False
@@ -405,9 +410,9 @@ def stage_clock_values(run: Run, stage: Stage, at: datetime, last_progress_at: d
     ).as_millis()
 
 
-def _recovery_conditions(run: Run, stage: Stage | None) -> lc.RecoveryConditions:
+def _recovery_conditions(run: Run, stage: Stage | None) -> RecoveryConditions:
     """R6.4's five conditions, each read from its owner."""
-    auth = lc.RunAuthorization(str(run.id), frozenset(run.authorization.get("scopes", [])))
+    auth = RunAuthorization(str(run.id), frozenset(run.authorization.get("scopes", [])))
     unknown = tuple(
         ToolReceipt.objects.filter(run=run, effect=ToolReceipt.Effect.UNKNOWN).values_list(
             "idempotency_key", flat=True
@@ -418,14 +423,14 @@ def _recovery_conditions(run: Run, stage: Stage | None) -> lc.RecoveryConditions
         or "increment" in (stage.payload or {})
         or (bool(_last_turn_increment(run, stage)))
     )
-    return lc.RecoveryConditions(
+    return RecoveryConditions(
         task_identity=str(run.id),
         resume_task_identity=str(stage.run_id if stage is not None else run.id),
         # The turn is rebuilt from the accepted history and the stage's stored increment.
         checkpoint_usable=increment_kept,
         admitted_authorization=auth,
         resume_authorization=auth,  # recorded at admission, never re-judged
-        remaining_balance=budget_view(run)[lc.ORDINARY_RESEARCH_RESOURCE].remaining,
+        remaining_balance=budget_view(run)[ORDINARY_RESEARCH_RESOURCE].remaining,
         # The turn to resume is a model request: no external effect of its own. The
         # rule judges the unknown tool effects (R6.4: no resend before verification).
         original_allows_safe_continuation=True,
@@ -600,7 +605,7 @@ def close_stage(
                     run.thread_id, now, thread_locked=stage is not None, found=reads.waiting
                 )
             closed.decision = decision = _decide(run, stage, conclusion, now, reads.fact_payloads)
-            if decision.path is lc.Path.SETTLE:
+            if decision.path is Path.SETTLE:
                 row, created = settlement_row(
                     run, decision.settlement, now, events, known_absent=run.phase != "settled"
                 )
@@ -632,7 +637,7 @@ def _decide(
     conclusion: StageConclusion,
     now: datetime,
     fact_payloads: list[Any] | None = None,
-) -> lc.Decision:
+) -> Decision:
     """Ask the lifecycle (R6.3) with every fact recorded — this stage's too,
     written in the same transaction — and start what it allows."""
     # The run row is locked and fresh: only a settled run has a settlement to read.
@@ -640,29 +645,29 @@ def _decide(
         run, extra=conclusion.facts, read_settlement=run.phase == "settled",
         payloads=fact_payloads,
     )  # fmt: skip
-    if lc.needs_recovery_conditions(facts.facts):
-        facts = lc.RunFacts(
+    if needs_recovery_conditions(facts.facts):
+        facts = RunFacts(
             run_id=facts.run_id, goal=facts.goal, facts=facts.facts, phase=facts.phase,
             finalization_from=facts.finalization_from, settlement=facts.settlement,
             recovery=_recovery_conditions(run, stage),
         )  # fmt: skip
-    decision = lc.next_path(facts)
-    after = lc.apply_decision(facts, decision)  # one way: finalization never returns (R6.3)
-    entering = after.phase is lc.Phase.FINALIZATION and run.phase != "finalization"
+    decision = next_path(facts)
+    after = apply_decision(facts, decision)  # one way: finalization never returns (R6.3)
+    entering = after.phase is Phase.FINALIZATION and run.phase != "finalization"
     entry = decision_entry(decision, now, facts_before=len(facts.facts) if entering else None)
     run.decisions = [*run.decisions, entry]
     if entering:
         run.phase, run.status = "finalization", Run.Status.FINALIZING
-    if decision.path is lc.Path.SETTLE:
+    if decision.path is Path.SETTLE:
         return decision
     verification = None
     if stage is not None and stage.kind == Stage.Kind.VERIFY_EFFECT:
         verification = (stage.payload.get("resume") or {}, stage.payload.get("attempt", 1))
-    follow = lc.follow_up(
+    follow = follow_up(
         decision,
         conclusion.next_work,
         last_increment=_last_turn_increment(run, stage)
-        if decision.path is lc.Path.BOUNDED_RECOVERY
+        if decision.path is Path.BOUNDED_RECOVERY
         else (),
         # Entering finalization enqueues the one finalization; once in, it exists.
         finalization_started=not entering,
@@ -677,7 +682,7 @@ def _decide(
     return decision
 
 
-def _no_provider_alert(run: Run, decision: lc.Decision, segment: Segment, now: datetime) -> bool:
+def _no_provider_alert(run: Run, decision: Decision, segment: Segment, now: datetime) -> bool:
     """A critical alert when every provider is frozen in the segment (R6.3)."""
     notice = no_eligible_provider_notice(
         run_id=str(run.id),
@@ -756,7 +761,7 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
     return watched
 
 
-def has_fact(run: Run, kind: lc.FactKind) -> bool:
+def has_fact(run: Run, kind: FactKind) -> bool:
     """Whether an owner already reported a fact of this kind on the run."""
     return any(fact.kind is kind for fact in run_facts(run, read_settlement=False).facts)
 

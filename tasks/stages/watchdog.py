@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from governance import time_source
-from governance.rules import lifecycle as lc
 from governance.rules import run_clocks
+from governance.rules.authority import FactKind
 from governance.rules.turns import conclude_breach, conclude_unwatchable
 from governance.services import stages as stage_service
 
@@ -63,7 +63,7 @@ def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None
     if verdict is not None:
         verdict = run_clocks.breach_to_record(
             verdict,
-            no_progress_reported=stage_service.has_fact(run, lc.FactKind.NO_PROGRESS_TIMEOUT),
+            no_progress_reported=stage_service.has_fact(run, FactKind.NO_PROGRESS_TIMEOUT),
         )
     if verdict is not None and not watched.held:
         if stage_service.record_breach(run, conclude_breach(verdict.name.value), now):

@@ -8,8 +8,8 @@ import pytest
 
 from governance import services, time_source
 from governance.models import AuditEntry, Notification, Provider, SegmentRefusal
-from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
 from governance.rules.refusal import ProviderRefusal, refusal_notice
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from tests import facts as written
 
 pytestmark = pytest.mark.django_db(transaction=True)

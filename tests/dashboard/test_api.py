@@ -35,7 +35,10 @@ from governance.models import (
     Thread,
     ThreadSession,
 )
-from governance.rules import lifecycle as lc
+from governance.rules import settlement as rules_settlement
+from governance.rules.authority import FactKind
+from governance.rules.decision_table import Decision, Path
+from governance.rules.settlement import Outcome, ReasonCode
 from governance.services.errors import RunSettled
 from governance.services.tokens import token_digest
 from tests import facts as written
@@ -830,10 +833,10 @@ def test_get_run_shows_stage_clocks_attempts_budget_receipts_chunks_and_settleme
     manual_clock.advance(seconds=2)
     services.commit_chunks(run, ["The answer ", "is 42."], manual_clock())
     services.finish_stage(stage, outcome="answered", now=manual_clock(), clocks=clocks)
-    settlement = lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered")
+    settlement = rules_settlement.Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "answered")
     written.record_decision(
         run,
-        lc.Decision(lc.Path.SETTLE, "the answer is committed", settlement=settlement),
+        Decision(Path.SETTLE, "the answer is committed", settlement=settlement),
         manual_clock(),
     )
     written.settle(run, settlement, manual_clock())
@@ -935,7 +938,7 @@ def test_r7_1_cancel_is_202_and_records_one_fact_and_one_audit_entry(
     assert run.status == Run.Status.QUEUED  # requested, not settled: the lifecycle settles
     assert not Settlement.objects.filter(run=run).exists()
     facts = [f.kind for f in services.run_facts(run).facts]
-    assert facts == [lc.FactKind.CANCEL_REQUESTED]
+    assert facts == [FactKind.CANCEL_REQUESTED]
     fact = RunEvent.objects.get(run=run, kind="facts")
     assert [f["owner"] for f in fact.metadata["facts"]] == ["user"]
     audit = AuditEntry.objects.get(action="run.cancel")
@@ -966,7 +969,7 @@ def test_r6_5_cancel_of_a_settled_run_is_409_and_the_settlement_stands(api, run_
     run = Run.objects.get(id=run_id)
     written.settle(
         run,
-        lc.Settlement(lc.Outcome.FAILED, lc.ReasonCode.NO_ELIGIBLE_PROVIDER, "all frozen"),
+        rules_settlement.Settlement(Outcome.FAILED, ReasonCode.NO_ELIGIBLE_PROVIDER, "all frozen"),
         manual_clock(),
     )
     before = counts()
@@ -984,7 +987,7 @@ def test_r6_5_the_stop_service_itself_refuses_a_settled_run(api, run_id, manual_
     run = Run.objects.get(id=run_id)
     written.settle(
         run,
-        lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered"),
+        rules_settlement.Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "answered"),
         manual_clock(),
     )
     before = counts()

@@ -31,7 +31,7 @@ from dashboard.site import errors
 from dashboard.site.urls import urlpatterns
 from governance import services, time_source
 from governance.models import ApiToken, Provider, Run, Thread, ToolServer
-from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from governance.services.tokens import token_digest
 from tests import facts as written
 

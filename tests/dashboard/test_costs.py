@@ -138,9 +138,10 @@ def test_the_cli_adds_a_priced_provider_and_refuses_a_bad_price(capsys):
 
 
 def _settle(run, at):
-    from governance.rules import lifecycle as lc
+    from governance.rules import settlement as rules_settlement
+    from governance.rules.settlement import Outcome, ReasonCode
 
-    settlement = lc.Settlement(lc.Outcome.COMPLETED, lc.ReasonCode.ANSWERED, "answered")
+    settlement = rules_settlement.Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "answered")
     written.settle(run, settlement, at)
 
 

@@ -25,7 +25,8 @@ from governance.models import (
     Stage,
     ToolReceipt,
 )
-from governance.rules import lifecycle as lc
+from governance.rules.decision_table import Decision, Path
+from governance.rules.settlement import Settlement
 from tests import facts as written
 
 pytestmark = pytest.mark.django_db
@@ -99,7 +100,7 @@ def make_run(
                 latency_ms=420,
                 result="accepted",
             )
-    written.record_decision(run, lc.Decision(lc.Path.CONTINUE, "the turn produced a body"), at)
+    written.record_decision(run, Decision(Path.CONTINUE, "the turn produced a body"), at)
     if outcome:
         code = {
             "completed": "answered",
@@ -107,9 +108,9 @@ def make_run(
             "failed": "no_answer_produced",
             "cancelled": "cancelled",
         }[outcome]
-        settlement = lc.Settlement(outcome, code, f"settled {outcome} for the test")
+        settlement = Settlement(outcome, code, f"settled {outcome} for the test")
         written.record_decision(
-            run, lc.Decision(lc.Path.SETTLE, f"settle: {outcome}", settlement=settlement), at
+            run, Decision(Path.SETTLE, f"settle: {outcome}", settlement=settlement), at
         )
         written.settle(run, settlement, at + timedelta(seconds=stages + 1))
     return run
@@ -328,7 +329,7 @@ def run_url(run) -> str:
 
 def test_r6_5_header_shows_status_settlement_and_input(client, oncall, thread):
     run, _stage, _ = services.submit_run(thread, input="Call the webhook please", now=T0)
-    settlement = lc.Settlement(
+    settlement = Settlement(
         "partial", "body_save_partial", "the second chunk was not saved", ("hook:key-1",)
     )
     written.settle(run, settlement, T0 + timedelta(seconds=5))
@@ -346,16 +347,16 @@ def test_r6_5_header_shows_status_settlement_and_input(client, oncall, thread):
 def test_r6_3_lifecycle_path_shows_every_decision_with_its_reason_in_order(client, oncall, thread):
     run, _stage, _ = services.submit_run(thread, input="hi", now=T0)
     written.record_decision(
-        run, lc.Decision(lc.Path.BOUNDED_RECOVERY, "transient 503; balance holds"), T0
+        run, Decision(Path.BOUNDED_RECOVERY, "transient 503; balance holds"), T0
     )
     written.record_decision(
-        run, lc.Decision(lc.Path.FINALIZATION_ONLY, "model requests used up; reserve holds"), T0
+        run, Decision(Path.FINALIZATION_ONLY, "model requests used up; reserve holds"), T0
     )
-    settlement = lc.Settlement("failed", "no_eligible_provider", "every provider frozen")
+    settlement = Settlement("failed", "no_eligible_provider", "every provider frozen")
     written.record_decision(
         run,
-        lc.Decision(
-            lc.Path.SETTLE,
+        Decision(
+            Path.SETTLE,
             "no provider eligible in this segment",
             settlement=settlement,
             critical_alert=True,
@@ -468,7 +469,7 @@ def test_r6_1_waterfall_falls_back_to_stage_times_without_spans(client, oncall, 
     stage.refresh_from_db()
     stage.run = run
     services.finish_stage(stage, outcome="answered", now=T0 + timedelta(seconds=15))
-    written.settle(run, lc.Settlement("completed", "answered", "done"), T0 + timedelta(seconds=20))
+    written.settle(run, Settlement("completed", "answered", "done"), T0 + timedelta(seconds=20))
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
     assert "No spans in the span store for this run</strong> — drawn from the stages" in body
@@ -688,7 +689,7 @@ def test_r6_1_an_unsettled_run_past_its_deadline_says_so(client, oncall, thread)
     run, _stage, _ = services.submit_run(thread, input="hi", now=T0, deadline_s=60)
     client.force_login(oncall)
     assert "deadline passed, not settled" in body_of(client.get(run_url(run)))
-    written.settle(run, lc.Settlement("failed", "deadline_exceeded", "out of time"), T0)
+    written.settle(run, Settlement("failed", "deadline_exceeded", "out of time"), T0)
     assert "deadline passed" not in body_of(client.get(run_url(run)))
 
 

@@ -22,7 +22,7 @@ from dashboard.api import waits as run_waits
 from governance import time_source
 from governance.models import Run, Stage
 from governance.models import Settlement as SettlementRow
-from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from tests import facts as written
 from tests.dashboard.conftest import CLIENT_AUTH
 

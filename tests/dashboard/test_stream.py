@@ -12,7 +12,7 @@ from django.test import AsyncClient
 from dashboard.api import events as stream_views
 from governance import services, time_source
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Stage
-from governance.rules.lifecycle import Outcome, ReasonCode, Settlement
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from tests import facts as written
 from tests.dashboard.conftest import CLIENT_AUTH
 

@@ -16,7 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.rules import lifecycle as lc
+from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.decision_table import Decision, Path, next_path
+from governance.rules.effects import EffectState, EvidenceKind, effect_state_after
+from governance.rules.run_facts import RunFacts
+from governance.rules.settlement import Outcome, ReasonCode
 from governance.rules.tools import (
     EFFECT_FACT_KINDS,
     MAX_VERIFICATIONS,
@@ -29,6 +33,7 @@ from governance.rules.tools import (
     tool_key,
     tool_message,
 )
+from governance.rules.transitions import follow_up
 from governance.rules.turns import ReceiptClose, quarantinable, turn_increment
 
 GOAL = "notify the billing system"
@@ -56,8 +61,8 @@ def call_tool(p: dict[str, Any], effect: str, output: Any = None, error: str = "
     return conclude_tool_call(p, effect=effect, output=output, error=error, key=key_of(p), **kw)
 
 
-def decide(*facts: lc.OwnerFact) -> lc.Decision:
-    return lc.next_path(lc.RunFacts(run_id="run-1", goal=GOAL, facts=tuple(facts)))
+def decide(*facts: OwnerFact) -> Decision:
+    return next_path(RunFacts(run_id="run-1", goal=GOAL, facts=tuple(facts)))
 
 
 # =========================================================================== R6.4 keys
@@ -174,7 +179,7 @@ def test_r4_1_the_executor_reports_only_its_operations_fact(effect):
     p = payload(index=1)
     conclusion = call_tool(p, effect, error="detail" if effect != "succeeded" else "")
     (fact,) = conclusion.facts
-    assert fact.owner is lc.Owner.EXECUTOR and fact.kind is EFFECT_FACT_KINDS[effect]
+    assert fact.owner is Owner.EXECUTOR and fact.kind is EFFECT_FACT_KINDS[effect]
     assert fact.subject == "webhook:c2"
     assert conclusion.outcome == effect
     # The key travels with an unknown effect (it is verified by key), only with it.
@@ -190,7 +195,7 @@ def test_r6_1_a_tool_receipt_is_progress_only_when_it_succeeded(effect):
 def test_r6_4_a_read_back_receipt_is_not_closed_again():
     conclusion = call_tool(payload(), "succeeded", {"price": 12.3}, close_receipt=False)
     assert conclusion.receipts == ()
-    assert conclusion.facts[0].kind is lc.FactKind.OPERATION_SUCCEEDED
+    assert conclusion.facts[0].kind is FactKind.OPERATION_SUCCEEDED
 
 
 def test_r6_3_r6_4_an_unknown_effect_carries_both_ways_on_and_is_never_a_success():
@@ -203,9 +208,9 @@ def test_r6_3_r6_4_an_unknown_effect_carries_both_ways_on_and_is_never_a_success
     assert replay == {"kind": "tool_call", "payload": {**p, "replay": True}}
     assert key_of(replay["payload"]) == key_of(p)
     assert conclusion.progress is False
-    assert not any(f.kind is lc.FactKind.OPERATION_SUCCEEDED for f in conclusion.facts)
+    assert not any(f.kind is FactKind.OPERATION_SUCCEEDED for f in conclusion.facts)
     decision = decide(*conclusion.facts)
-    assert decision.path is lc.Path.VERIFY_EFFECT and decision.verify_keys == (key_of(p),)
+    assert decision.path is Path.VERIFY_EFFECT and decision.verify_keys == (key_of(p),)
     assert not decision.dispatches
 
 
@@ -213,9 +218,9 @@ def test_r6_3_r6_4_an_unknown_effect_carries_both_ways_on_and_is_never_a_success
 def test_r6_3_one_failed_tool_continues_and_stays_a_failure(effect):
     conclusion = call_tool(payload(index=0), effect, error="HTTP 500")
     decision = decide(*conclusion.facts)
-    assert decision.path is lc.Path.CONTINUE
+    assert decision.path is Path.CONTINUE
     assert any("search:c1" in keep for keep in decision.must_keep)
-    follow = lc.follow_up(
+    follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow.kind == "tool_call" and follow.payload["index"] == 1  # the other tool is used
@@ -227,20 +232,20 @@ def test_r6_3_one_failed_tool_continues_and_stays_a_failure(effect):
 @pytest.mark.parametrize(
     ("lookup", "state"),
     [
-        ("succeeded", lc.EffectState.HAPPENED),
-        ("failed", lc.EffectState.DID_NOT_HAPPEN),
-        ("unknown", lc.EffectState.UNKNOWN),
-        ("refused", lc.EffectState.UNKNOWN),
-        ("pending", lc.EffectState.UNKNOWN),
+        ("succeeded", EffectState.HAPPENED),
+        ("failed", EffectState.DID_NOT_HAPPEN),
+        ("unknown", EffectState.UNKNOWN),
+        ("refused", EffectState.UNKNOWN),
+        ("pending", EffectState.UNKNOWN),
     ],
 )
 def test_r6_4_only_an_explicit_executor_lookup_resolves_an_unknown_effect(lookup, state):
     evidence = effect_evidence("k1", lookup)
-    assert lc.effect_state_after("k1", evidence) is state
-    if state is lc.EffectState.UNKNOWN:
-        assert evidence.kind is not lc.EvidenceKind.EXECUTOR_LOOKUP
+    assert effect_state_after("k1", evidence) is state
+    if state is EffectState.UNKNOWN:
+        assert evidence.kind is not EvidenceKind.EXECUTOR_LOOKUP
     else:
-        assert (evidence.kind, evidence.idempotency_key) == (lc.EvidenceKind.EXECUTOR_LOOKUP, "k1")
+        assert (evidence.kind, evidence.idempotency_key) == (EvidenceKind.EXECUTOR_LOOKUP, "k1")
 
 
 # =========================================================================== verification
@@ -249,7 +254,7 @@ def test_r6_4_only_an_explicit_executor_lookup_resolves_an_unknown_effect(lookup
 def verify_payload(effect_conclusion) -> dict[str, Any]:
     """The verify stage's payload, as follow_up builds it from the tool stage's conclusion."""
     decision = decide(*effect_conclusion.facts)
-    follow = lc.follow_up(
+    follow = follow_up(
         decision, effect_conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow is not None and follow.kind == "verify_effect"
@@ -261,13 +266,13 @@ def test_r6_4_a_verified_effect_becomes_the_receipts_success_and_work_resumes():
     unknown = call_tool(p, "unknown")
     verify = verify_payload(unknown)
     assert verify["keys"] == [key_of(p)] and verify["attempt"] == 1
-    verdict = ReceiptVerdict(key_of(p), "webhook", lc.EffectState.HAPPENED, {"status": "ok"})
+    verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.HAPPENED, {"status": "ok"})
     conclusion = conclude_verification(verify, [verdict])
     assert conclusion.outcome == "verified"
     (fact,) = conclusion.facts
     assert (fact.owner, fact.kind, fact.idempotency_key) == (
-        lc.Owner.EXECUTOR,
-        lc.FactKind.EFFECT_HAPPENED,
+        Owner.EXECUTOR,
+        FactKind.EFFECT_HAPPENED,
         key_of(p),
     )
     assert conclusion.receipts == (
@@ -275,8 +280,8 @@ def test_r6_4_a_verified_effect_becomes_the_receipts_success_and_work_resumes():
     )
     assert conclusion.next_work == unknown.next_work["next"]  # the model reads the results
     decision = decide(*unknown.facts, *conclusion.facts)
-    assert decision.path is lc.Path.CONTINUE
-    follow = lc.follow_up(
+    assert decision.path is Path.CONTINUE
+    follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow.kind == "model_turn"
@@ -286,17 +291,17 @@ def test_r6_4_proven_not_performed_is_replayed_with_the_same_key():
     p = payload(index=1)
     unknown = call_tool(p, "unknown")
     verify = verify_payload(unknown)
-    verdict = ReceiptVerdict(key_of(p), "webhook", lc.EffectState.DID_NOT_HAPPEN)
+    verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.DID_NOT_HAPPEN)
     conclusion = conclude_verification(verify, [verdict])
     assert conclusion.outcome == "verified"
-    assert [f.kind for f in conclusion.facts] == [lc.FactKind.EFFECT_DID_NOT_HAPPEN]
+    assert [f.kind for f in conclusion.facts] == [FactKind.EFFECT_DID_NOT_HAPPEN]
     (receipt,) = conclusion.receipts
     assert (receipt.key, receipt.effect, receipt.verified) == (key_of(p), "pending", True)
     assert conclusion.next_work == unknown.next_work["replay"]
     # The lifecycle continues into the replay, and the replay performs the same key.
     decision = decide(*unknown.facts, *conclusion.facts)
-    assert decision.path is lc.Path.CONTINUE
-    follow = lc.follow_up(
+    assert decision.path is Path.CONTINUE
+    follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow.kind == "tool_call" and follow.payload["replay"] is True
@@ -309,13 +314,13 @@ def test_r6_4_still_unknown_is_verified_again_and_never_replayed():
     p = payload(index=1)
     unknown = call_tool(p, "unknown")
     verify = verify_payload(unknown)
-    verdict = ReceiptVerdict(key_of(p), "webhook", lc.EffectState.UNKNOWN)
+    verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.UNKNOWN)
     conclusion = conclude_verification(verify, [verdict])
     assert conclusion.outcome == "still_unknown"
     assert conclusion.facts == () and conclusion.receipts == ()
     assert conclusion.next_work != unknown.next_work["replay"]
     decision = decide(*unknown.facts, *conclusion.facts)
-    assert decision.path is lc.Path.VERIFY_EFFECT
+    assert decision.path is Path.VERIFY_EFFECT
 
 
 def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_effect_unknown():
@@ -325,21 +330,19 @@ def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_ef
     unknown = call_tool(p, "unknown")
     facts = list(unknown.facts)
     decision = decide(*facts)
-    follow = lc.follow_up(
-        decision, unknown.next_work, last_increment=(), finalization_started=False
-    )
+    follow = follow_up(decision, unknown.next_work, last_increment=(), finalization_started=False)
     verifications = 0
     while follow is not None and follow.kind == "verify_effect":
         verifications += 1
         assert follow.payload["attempt"] == verifications
         assert follow.payload["resume"] == unknown.next_work  # the original ways on are kept
-        verdict = ReceiptVerdict(key_of(p), "webhook", lc.EffectState.UNKNOWN)
+        verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.UNKNOWN)
         conclusion = conclude_verification(dict(follow.payload), [verdict])
         facts += conclusion.facts
         decision = decide(*facts)
-        if decision.path is lc.Path.SETTLE:
+        if decision.path is Path.SETTLE:
             break
-        follow = lc.follow_up(
+        follow = follow_up(
             decision,
             conclusion.next_work,
             last_increment=(),
@@ -348,37 +351,37 @@ def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_ef
         )
         assert verifications < 10, "verification never ends"
     assert verifications == MAX_VERIFICATIONS
-    assert facts[-1].kind is lc.FactKind.HARD_LIMIT_REACHED
-    assert facts[-1].owner is lc.Owner.RESOURCE
-    assert decision.path is lc.Path.SETTLE
-    assert decision.settlement.reason_code is lc.ReasonCode.HARD_LIMIT
+    assert facts[-1].kind is FactKind.HARD_LIMIT_REACHED
+    assert facts[-1].owner is Owner.RESOURCE
+    assert decision.path is Path.SETTLE
+    assert decision.settlement.reason_code is ReasonCode.HARD_LIMIT
     assert decision.settlement.unknown_effects == (key_of(p),)
-    assert decision.settlement.outcome is not lc.Outcome.COMPLETED
+    assert decision.settlement.outcome is not Outcome.COMPLETED
 
 
 @pytest.mark.parametrize("attempt", range(1, MAX_VERIFICATIONS + 2))
 def test_r6_4_only_the_last_allowed_verification_reaches_the_hard_limit(attempt):
     verify = {"keys": ["k1"], "resume": {"next": {"kind": "model_turn"}}, "attempt": attempt}
     conclusion = conclude_verification(verify, [ReceiptVerdict("k1", "webhook", "unknown")])
-    hard = [f for f in conclusion.facts if f.kind is lc.FactKind.HARD_LIMIT_REACHED]
+    hard = [f for f in conclusion.facts if f.kind is FactKind.HARD_LIMIT_REACHED]
     assert bool(hard) is (attempt >= MAX_VERIFICATIONS)
 
 
 def test_r6_4_a_resolved_effect_at_the_last_attempt_is_no_hard_limit():
     verify = {"keys": ["k1"], "resume": {"next": {"kind": "model_turn"}}, "attempt": 3}
-    verdict = ReceiptVerdict("k1", "webhook", lc.EffectState.HAPPENED, {"ok": True})
+    verdict = ReceiptVerdict("k1", "webhook", EffectState.HAPPENED, {"ok": True})
     conclusion = conclude_verification(verify, [verdict])
-    assert [f.kind for f in conclusion.facts] == [lc.FactKind.EFFECT_HAPPENED]
+    assert [f.kind for f in conclusion.facts] == [FactKind.EFFECT_HAPPENED]
 
 
 def test_r6_4_verification_without_a_resume_starts_nothing_of_its_own():
-    verdict = ReceiptVerdict("k1", "webhook", lc.EffectState.DID_NOT_HAPPEN)
+    verdict = ReceiptVerdict("k1", "webhook", EffectState.DID_NOT_HAPPEN)
     conclusion = conclude_verification({"keys": ["k1"]}, [verdict])
     assert conclusion.next_work is None
-    assert [f.kind for f in conclusion.facts] == [lc.FactKind.EFFECT_DID_NOT_HAPPEN]
+    assert [f.kind for f in conclusion.facts] == [FactKind.EFFECT_DID_NOT_HAPPEN]
 
 
-states = st.sampled_from(list(lc.EffectState))
+states = st.sampled_from(list(EffectState))
 
 
 @settings(max_examples=200, deadline=None)
@@ -389,21 +392,21 @@ def test_r6_4_verification_facts_follow_the_executors_proof(verdict_states, atte
     ]
     resume = {"next": {"kind": "model_turn", "payload": {}}, "replay": {"kind": "tool_call"}}
     conclusion = conclude_verification({"resume": resume, "attempt": attempt}, verdicts)
-    proven = [v for v in verdicts if v.state is not lc.EffectState.UNKNOWN]
+    proven = [v for v in verdicts if v.state is not EffectState.UNKNOWN]
     assert [f.idempotency_key for f in conclusion.facts if f.idempotency_key] == [
         v.key for v in proven
     ]
     # A receipt is closed as success only when the effect was found; an
     # unknown one is never touched, never marked success.
     assert [(r.key, r.effect) for r in conclusion.receipts] == [
-        (v.key, "succeeded" if v.state is lc.EffectState.HAPPENED else "pending") for v in proven
+        (v.key, "succeeded" if v.state is EffectState.HAPPENED else "pending") for v in proven
     ]
     assert all(r.verified for r in conclusion.receipts)
     still_unknown = len(proven) < len(verdicts)
     assert conclusion.outcome == ("still_unknown" if still_unknown else "verified")
-    hard = any(f.kind is lc.FactKind.HARD_LIMIT_REACHED for f in conclusion.facts)
+    hard = any(f.kind is FactKind.HARD_LIMIT_REACHED for f in conclusion.facts)
     assert hard is (still_unknown and attempt >= MAX_VERIFICATIONS)
-    if any(v.state is lc.EffectState.DID_NOT_HAPPEN for v in verdicts):
+    if any(v.state is EffectState.DID_NOT_HAPPEN for v in verdicts):
         assert conclusion.next_work == resume["replay"]
     else:
         assert conclusion.next_work == resume["next"]

@@ -19,8 +19,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
+from governance.rules.answers import Answer
+from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.decision_table import Decision, Path, needs_recovery_conditions, next_path
 from governance.rules.health import (
     TIME_BASED_CLASSES,
     AttemptEvidence,
@@ -28,6 +30,8 @@ from governance.rules.health import (
     HealthVerdict,
     classify_attempt,
 )
+from governance.rules.provider_failures import TRANSIENT_FAILURE_CLASSES
+from governance.rules.recovery import RecoveryConditions, RunAuthorization
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
 from governance.rules.routing import (
     AttemptOutcome,
@@ -36,6 +40,9 @@ from governance.rules.routing import (
     drive_turn,
     route_turn,
 )
+from governance.rules.run_facts import RunFacts, record_fact
+from governance.rules.settlement import Outcome, ReasonCode
+from governance.rules.transitions import apply_decision, follow_up
 from governance.rules.turns import (
     CHUNK_MIN_CHARS,
     FINALIZE_INSTRUCTION,
@@ -230,25 +237,25 @@ def run_turn(
     return conclusion, shell, outcome
 
 
-def kinds(conclusion: StageConclusion) -> list[lc.FactKind]:
+def kinds(conclusion: StageConclusion) -> list[FactKind]:
     return [f.kind for f in conclusion.facts]
 
 
-def lifecycle_after(conclusion: StageConclusion, *before: lc.OwnerFact, **run: Any) -> lc.Decision:
+def lifecycle_after(conclusion: StageConclusion, *before: OwnerFact, **run: Any) -> Decision:
     """R6.3: what the lifecycle decides once the conclusion's facts are recorded."""
-    state = lc.RunFacts(run_id="run-1", goal=GOAL, facts=(*before, *conclusion.facts), **run)
-    return lc.next_path(state)
+    state = RunFacts(run_id="run-1", goal=GOAL, facts=(*before, *conclusion.facts), **run)
+    return next_path(state)
 
 
-def in_finalization(*conclusion_facts: lc.OwnerFact) -> lc.RunFacts:
+def in_finalization(*conclusion_facts: OwnerFact) -> RunFacts:
     """A run that ran out of research budget and entered its one finalization."""
-    exhausted = lc.OwnerFact(lc.Owner.RESOURCE, lc.FactKind.RESOURCE_EXHAUSTED, "model_requests")
-    run = lc.RunFacts(run_id="run-1", goal=GOAL, facts=(exhausted,))
-    decision = lc.next_path(run)
-    assert decision.path is lc.Path.FINALIZATION_ONLY
-    run = lc.apply_decision(run, decision)
+    exhausted = OwnerFact(Owner.RESOURCE, FactKind.RESOURCE_EXHAUSTED, "model_requests")
+    run = RunFacts(run_id="run-1", goal=GOAL, facts=(exhausted,))
+    decision = next_path(run)
+    assert decision.path is Path.FINALIZATION_ONLY
+    run = apply_decision(run, decision)
     for fact in conclusion_facts:
-        run = lc.record_fact(run, fact)
+        run = record_fact(run, fact)
     return run
 
 
@@ -461,8 +468,8 @@ def test_r4_4_accepted_tool_calls_go_to_history_and_start_the_tool_stage():
     reply = Reply(text="Let me look.", tool_calls=(SEARCH_CALL,))
     conclusion, _, _ = run_turn({"a": reply, "b": answer()})
     assert conclusion.outcome == "accepted" and conclusion.progress is True
-    assert kinds(conclusion) == [lc.FactKind.TURN_CALLED_TOOLS]
-    assert conclusion.facts[0].owner is lc.Owner.PROVIDER and conclusion.facts[0].subject == "a"
+    assert kinds(conclusion) == [FactKind.TURN_CALLED_TOOLS]
+    assert conclusion.facts[0].owner is Owner.PROVIDER and conclusion.facts[0].subject == "a"
     # R1.3: history grows by what was accepted: the input as sent, then the answer.
     assert conclusion.history == (
         TOOL_RESULT,
@@ -483,11 +490,11 @@ def test_r4_4_only_tools_of_the_segment_surface_are_valid_calls():
     assert conclusion.history[-1]["tool_calls"] == [SEARCH_CALL]
     # Only invalid calls and no body: no progress (R4.4).
     only_rogue, _, _ = run_turn({"a": Reply(tool_calls=(rogue,)), "b": answer()})
-    assert kinds(only_rogue) == [lc.FactKind.TURN_WITHOUT_PROGRESS]
+    assert kinds(only_rogue) == [FactKind.TURN_WITHOUT_PROGRESS]
     assert only_rogue.progress is False and only_rogue.next_work is None
     # Invalid calls next to a body: the body is the deliverable.
     with_text, _, _ = run_turn({"a": Reply(text=ANSWER, tool_calls=(rogue,)), "b": answer()})
-    assert lc.FactKind.TURN_ANSWERED in kinds(with_text)
+    assert FactKind.TURN_ANSWERED in kinds(with_text)
 
 
 def test_r7_2_accepted_text_is_committed_as_chunks_and_answers_the_goal():
@@ -499,10 +506,10 @@ def test_r7_2_accepted_text_is_committed_as_chunks_and_answers_the_goal():
         (1, 1, "A" * 50 + "B" * 50, False),
         (2, 2, "C" * 10, True),
     ]
-    assert kinds(conclusion) == [lc.FactKind.BODY_COMMITTED, lc.FactKind.TURN_ANSWERED]
+    assert kinds(conclusion) == [FactKind.BODY_COMMITTED, FactKind.TURN_ANSWERED]
     body, answered = conclusion.facts
-    assert body.owner is lc.Owner.PUBLICATION and body.version == 2
-    assert answered.answer == lc.Answer(GOAL)
+    assert body.owner is Owner.PUBLICATION and body.version == 2
+    assert answered.answer == Answer(GOAL)
     assert conclusion.history == (TOOL_RESULT, {"role": "assistant", "content": text})
     assert conclusion.next_work is None
 
@@ -520,14 +527,14 @@ def test_r4_4_accepted_turn_with_neither_body_nor_tool_call_is_no_progress():
     for empty in (Reply(), Reply(text="  \n ")):
         conclusion, _, _ = run_turn({"a": empty, "b": answer()})
         assert conclusion.outcome == "accepted"
-        assert kinds(conclusion) == [lc.FactKind.TURN_WITHOUT_PROGRESS]
+        assert kinds(conclusion) == [FactKind.TURN_WITHOUT_PROGRESS]
         assert conclusion.progress is False
         assert conclusion.history == () and conclusion.chunks == ()
         assert conclusion.next_work is None
         decision = lifecycle_after(conclusion)
         assert decision.settlement is not None
-        assert decision.settlement.reason_code is lc.ReasonCode.NO_ANSWER_PRODUCED
-        assert decision.settlement.outcome is not lc.Outcome.COMPLETED
+        assert decision.settlement.reason_code is ReasonCode.NO_ANSWER_PRODUCED
+        assert decision.settlement.outcome is not Outcome.COMPLETED
 
 
 def test_r3_1_history_only_acceptance_keeps_the_increment_withheld_and_says_so():
@@ -567,35 +574,35 @@ def test_r6_3_finalization_keeps_no_increment_has_no_tool_calls_and_states_its_g
     assert shell.calls[0].parts[-1] == {"role": "user", "content": FINALIZE_INSTRUCTION}
     assert conclusion.history == ({"role": "assistant", "content": ANSWER},)
     assert conclusion.next_work is None
-    answered = next(f for f in conclusion.facts if f.kind is lc.FactKind.TURN_ANSWERED)
+    answered = next(f for f in conclusion.facts if f.kind is FactKind.TURN_ANSWERED)
     assert answered.answer.goal == GOAL and answered.answer.narrowed
     assert answered.answer.stated_gaps  # R4.5: a narrowed answer states its gap
-    decision = lc.next_path(in_finalization(*conclusion.facts))
-    assert decision.path is lc.Path.SETTLE
-    assert decision.settlement.outcome is lc.Outcome.PARTIAL
+    decision = next_path(in_finalization(*conclusion.facts))
+    assert decision.path is Path.SETTLE
+    assert decision.settlement.outcome is Outcome.PARTIAL
 
 
 def test_r6_3_finalization_that_only_calls_tools_made_no_progress_and_settles():
     conclusion, _, _ = run_turn({"a": Reply(tool_calls=(SEARCH_CALL,)), "b": answer()},
                                 facts(final=True))  # fmt: skip
-    assert kinds(conclusion) == [lc.FactKind.TURN_WITHOUT_PROGRESS]
+    assert kinds(conclusion) == [FactKind.TURN_WITHOUT_PROGRESS]
     assert conclusion.next_work is None and conclusion.history == ()
-    decision = lc.next_path(in_finalization(*conclusion.facts))
-    assert decision.settlement.reason_code is lc.ReasonCode.FINALIZATION_FAILED
+    decision = next_path(in_finalization(*conclusion.facts))
+    assert decision.settlement.reason_code is ReasonCode.FINALIZATION_FAILED
 
 
 def test_r4_4_r6_3_answered_turn_settles_completed_through_the_lifecycle():
     conclusion, _, _ = run_turn({"a": answer(), "b": answer()})
     decision = lifecycle_after(conclusion)
-    assert decision.path is lc.Path.SETTLE
-    assert decision.settlement.outcome is lc.Outcome.COMPLETED
+    assert decision.path is Path.SETTLE
+    assert decision.settlement.outcome is Outcome.COMPLETED
 
 
 def test_r6_3_tool_turn_continues_into_the_tool_stage():
     conclusion, _, _ = run_turn({"a": Reply(tool_calls=(SEARCH_CALL,)), "b": answer()})
     decision = lifecycle_after(conclusion)
-    assert decision.path is lc.Path.CONTINUE
-    follow = lc.follow_up(
+    assert decision.path is Path.CONTINUE
+    follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow is not None and follow.kind == "tool_call"
@@ -611,10 +618,10 @@ def test_r6_3_every_provider_frozen_is_no_eligible_provider():
     assert shell.calls == []
     assert conclusion.outcome == "no_provider"
     (fact,) = conclusion.facts
-    assert (fact.kind, fact.subject) == (lc.FactKind.NO_ELIGIBLE_PROVIDER, SEGMENT)
+    assert (fact.kind, fact.subject) == (FactKind.NO_ELIGIBLE_PROVIDER, SEGMENT)
     assert RULE_TEXT in fact.detail
     decision = lifecycle_after(conclusion)
-    assert decision.settlement.reason_code is lc.ReasonCode.NO_ELIGIBLE_PROVIDER
+    assert decision.settlement.reason_code is ReasonCode.NO_ELIGIBLE_PROVIDER
     assert decision.critical_alert
 
 
@@ -623,7 +630,7 @@ def test_r6_3_refused_now_and_frozen_elsewhere_is_no_eligible_provider():
         {"a": refused(), "b": answer()}, refusals={"b": state(4, provider="b")}
     )
     assert len(shell.calls) == 4 and outcome.recorded[0].provider_id == "a"
-    assert kinds(conclusion) == [lc.FactKind.NO_ELIGIBLE_PROVIDER]
+    assert kinds(conclusion) == [FactKind.NO_ELIGIBLE_PROVIDER]
     assert conclusion.counts["governance.notifications"] == 1
 
 
@@ -632,8 +639,8 @@ def test_r2_2_r6_3_open_breakers_are_a_transient_failure_with_a_recovery_delay()
     later = HealthVerdict(False, "open", T0 + timedelta(minutes=5), "breaker open")
     conclusion, _, _ = run_turn({"a": answer(), "b": answer()}, health={"a": later, "b": soon})
     (fact,) = conclusion.facts
-    assert fact.kind is lc.FactKind.TRANSIENT_FAILURE
-    assert fact.failure_class in lc.TRANSIENT_FAILURE_CLASSES
+    assert fact.kind is FactKind.TRANSIENT_FAILURE
+    assert fact.failure_class in TRANSIENT_FAILURE_CLASSES
     assert conclusion.recovery_delay_s == 40.0  # the earliest half-open, not the latest
 
 
@@ -641,7 +648,7 @@ def test_r6_3_disabled_providers_are_no_progress_naming_each_reason():
     off = HealthVerdict(False, "disabled", None, "auth failed; waits for a configuration change")
     conclusion, _, _ = run_turn({"a": answer(), "b": answer()}, health={"a": off, "b": off})
     (fact,) = conclusion.facts
-    assert fact.kind is lc.FactKind.TURN_WITHOUT_PROGRESS
+    assert fact.kind is FactKind.TURN_WITHOUT_PROGRESS
     assert "a: auth failed" in fact.detail and "b: auth failed" in fact.detail
     assert conclusion.recovery_delay_s == 0.0
 
@@ -655,18 +662,18 @@ def test_r5_2_exhausted_request_budget_is_the_ledgers_fact():
     assert conclusion.outcome == "budget_exhausted"
     (fact,) = conclusion.facts
     assert (fact.owner, fact.kind, fact.subject) == (
-        lc.Owner.RESOURCE,
-        lc.FactKind.RESOURCE_EXHAUSTED,
+        Owner.RESOURCE,
+        FactKind.RESOURCE_EXHAUSTED,
         "model_requests",
     )
-    assert lifecycle_after(conclusion).path is lc.Path.FINALIZATION_ONLY
+    assert lifecycle_after(conclusion).path is Path.FINALIZATION_ONLY
 
 
 def test_r5_2_finalization_out_of_budget_exhausts_the_output_reserve():
     conclusion, _, _ = run_turn({"a": answer(), "b": answer()}, facts(final=True),
                                 dispatch=lambda _s: {"budget_admitted": False})  # fmt: skip
     assert [(f.kind, f.subject) for f in conclusion.facts] == [
-        (lc.FactKind.RESOURCE_EXHAUSTED, "output_reserve")
+        (FactKind.RESOURCE_EXHAUSTED, "output_reserve")
     ]
 
 
@@ -677,7 +684,7 @@ def test_r5_3_a_re_render_the_ledger_refuses_ends_the_turn():
         {"a": refused(), "b": answer()}, dispatch=lambda sent: {"budget_admitted": sent < 1}
     )
     assert shell.log == [("a", "original", 1)]
-    assert kinds(conclusion) == [lc.FactKind.RESOURCE_EXHAUSTED]
+    assert kinds(conclusion) == [FactKind.RESOURCE_EXHAUSTED]
     assert conclusion.turn_refusals == () and conclusion.health == ()
 
 
@@ -687,9 +694,9 @@ def test_r6_2_deadline_cut_is_the_clocks_fact_and_not_a_health_fact():
     assert len(shell.calls) == 1
     assert (conclusion.outcome, conclusion.timeout_name) == ("timeout", "deadline_exceeded")
     (fact,) = conclusion.facts
-    assert (fact.owner, fact.kind) == (lc.Owner.CLOCK, lc.FactKind.DEADLINE_EXCEEDED)
+    assert (fact.owner, fact.kind) == (Owner.CLOCK, FactKind.DEADLINE_EXCEEDED)
     assert conclusion.health == ()
-    assert lifecycle_after(conclusion).settlement.reason_code is lc.ReasonCode.DEADLINE_EXCEEDED
+    assert lifecycle_after(conclusion).settlement.reason_code is ReasonCode.DEADLINE_EXCEEDED
 
 
 def test_r6_2_no_progress_cut_is_the_clocks_fact_and_leads_to_finalization():
@@ -697,9 +704,9 @@ def test_r6_2_no_progress_cut_is_the_clocks_fact_and_leads_to_finalization():
     conclusion, _, _ = run_turn({"a": cut, "b": answer()})
     assert (conclusion.outcome, conclusion.timeout_name) == ("timeout", "no_progress")
     (fact,) = conclusion.facts
-    assert (fact.owner, fact.kind) == (lc.Owner.CLOCK, lc.FactKind.NO_PROGRESS_TIMEOUT)
+    assert (fact.owner, fact.kind) == (Owner.CLOCK, FactKind.NO_PROGRESS_TIMEOUT)
     assert conclusion.health == ()
-    assert lifecycle_after(conclusion).path is lc.Path.FINALIZATION_ONLY
+    assert lifecycle_after(conclusion).path is Path.FINALIZATION_ONLY
 
 
 @pytest.mark.parametrize("cut", sorted(RUN_CLOCK_CUTS))
@@ -715,10 +722,10 @@ def test_r6_2_a_run_clock_cut_after_a_stage_timeout_is_still_named_by_its_clock(
     assert (outcome.result, outcome.failure_class) == ("failed", cut)
     assert conclusion.timeout_name == cut
     expected = {
-        "deadline_exceeded": lc.FactKind.DEADLINE_EXCEEDED,
-        "no_progress": lc.FactKind.NO_PROGRESS_TIMEOUT,
+        "deadline_exceeded": FactKind.DEADLINE_EXCEEDED,
+        "no_progress": FactKind.NO_PROGRESS_TIMEOUT,
     }[cut]
-    assert [(f.owner, f.kind) for f in conclusion.facts] == [(lc.Owner.CLOCK, expected)]
+    assert [(f.owner, f.kind) for f in conclusion.facts] == [(Owner.CLOCK, expected)]
     # a's stage timeout is a health fact (time-based); b's run-clock cut is not.
     assert [m.provider_id for m in conclusion.health] == ["a"]
 
@@ -732,24 +739,24 @@ def test_r6_2_interrupted_stream_is_transient_with_unknown_effect_never_a_timeou
         "interrupted", "interrupted", "",
     )  # fmt: skip
     (fact,) = conclusion.facts
-    assert fact.kind is lc.FactKind.TRANSIENT_FAILURE and fact.failure_class == "interrupted"
+    assert fact.kind is FactKind.TRANSIENT_FAILURE and fact.failure_class == "interrupted"
     assert fact.detail == "a: stream broke after headers"  # which provider, what was seen
     assert conclusion.detail == "stream broke after headers"
     assert conclusion.health == ()  # an interruption says nothing of health
-    assert lc.FactKind.DEADLINE_EXCEEDED not in kinds(conclusion)
+    assert FactKind.DEADLINE_EXCEEDED not in kinds(conclusion)
 
 
 def test_r6_3_interrupted_turn_recovers_when_the_conditions_hold():
     conclusion, _, _ = run_turn({"a": Reply(INTERRUPTED), "b": answer()})
-    auth = lc.RunAuthorization("run-1", frozenset())
-    conditions = lc.RecoveryConditions(
+    auth = RunAuthorization("run-1", frozenset())
+    conditions = RecoveryConditions(
         task_identity="t", resume_task_identity="t", checkpoint_usable=True,
         admitted_authorization=auth, resume_authorization=auth, remaining_balance=2,
         original_allows_safe_continuation=True,
     )  # fmt: skip
-    assert lc.needs_recovery_conditions(conclusion.facts)
+    assert needs_recovery_conditions(conclusion.facts)
     decision = lifecycle_after(conclusion, recovery=conditions)
-    assert decision.path is lc.Path.BOUNDED_RECOVERY
+    assert decision.path is Path.BOUNDED_RECOVERY
 
 
 def test_r6_3_cancel_stops_the_turn_without_facts_and_keeps_what_happened():
@@ -769,7 +776,7 @@ def test_r2_1_every_provider_failing_on_time_is_a_transient_failure():
     )
     assert conclusion.outcome == "failed"
     (fact,) = conclusion.facts
-    assert (fact.kind, fact.failure_class) == (lc.FactKind.TRANSIENT_FAILURE, "rate_limited")
+    assert (fact.kind, fact.failure_class) == (FactKind.TRANSIENT_FAILURE, "rate_limited")
     assert conclusion.detail == "429 b"
     assert [m.provider_id for m in conclusion.health] == ["a", "b"]
 
@@ -778,9 +785,9 @@ def test_r2_1_every_provider_failing_on_time_is_a_transient_failure():
 def test_r2_1_failures_time_does_not_repair_are_a_turn_without_progress(classification):
     conclusion, _, _ = run_turn({"a": Reply(classification), "b": Reply(classification)})
     (fact,) = conclusion.facts
-    assert fact.kind is lc.FactKind.TURN_WITHOUT_PROGRESS
+    assert fact.kind is FactKind.TURN_WITHOUT_PROGRESS
     assert classification.failure_class in fact.detail
-    assert not any(f.kind is lc.FactKind.TRANSIENT_FAILURE for f in conclusion.facts)
+    assert not any(f.kind is FactKind.TRANSIENT_FAILURE for f in conclusion.facts)
 
 
 def test_r2_1_bad_request_fails_the_turn_without_asking_the_next_provider():
@@ -915,8 +922,8 @@ def test_r6_1_a_stage_past_the_deadline_is_the_clocks_fact():
     conclusion = conclude_stop(cancel_requested=False)
     assert conclusion.timeout_name == "deadline_exceeded"
     (fact,) = conclusion.facts
-    assert (fact.owner, fact.kind) == (lc.Owner.CLOCK, lc.FactKind.DEADLINE_EXCEEDED)
-    assert lifecycle_after(conclusion).settlement.reason_code is lc.ReasonCode.DEADLINE_EXCEEDED
+    assert (fact.owner, fact.kind) == (Owner.CLOCK, FactKind.DEADLINE_EXCEEDED)
+    assert lifecycle_after(conclusion).settlement.reason_code is ReasonCode.DEADLINE_EXCEEDED
 
 
 @pytest.mark.parametrize("stage_kind", ["model_turn", "finalization"])
@@ -924,36 +931,36 @@ def test_r4_2_r4_4_a_broken_model_stage_is_a_turn_without_progress(stage_kind):
     conclusion = conclude_local_failure(stage_kind, 3, "KeyError: 'x'")
     assert conclusion.outcome == "error" and conclusion.detail == "KeyError: 'x'"
     (fact,) = conclusion.facts
-    assert (fact.owner, fact.kind) == (lc.Owner.PROVIDER, lc.FactKind.TURN_WITHOUT_PROGRESS)
+    assert (fact.owner, fact.kind) == (Owner.PROVIDER, FactKind.TURN_WITHOUT_PROGRESS)
     assert "KeyError" in fact.detail
-    assert lifecycle_after(conclusion).settlement.reason_code is lc.ReasonCode.NO_ANSWER_PRODUCED
+    assert lifecycle_after(conclusion).settlement.reason_code is ReasonCode.NO_ANSWER_PRODUCED
 
 
 def test_r4_2_a_broken_tool_stage_is_that_operations_failure_not_a_veto():
     conclusion = conclude_local_failure("tool_call", 4, "ValueError: bad")
     (fact,) = conclusion.facts
     assert (fact.owner, fact.kind, fact.subject) == (
-        lc.Owner.EXECUTOR,
-        lc.FactKind.OPERATION_FAILED,
+        Owner.EXECUTOR,
+        FactKind.OPERATION_FAILED,
         "tool_call:4",
     )
     decision = lifecycle_after(conclusion)
-    assert decision.path is lc.Path.CONTINUE  # the run is not ended by one module
+    assert decision.path is Path.CONTINUE  # the run is not ended by one module
     assert any("tool_call:4 failed" in keep for keep in decision.must_keep)
 
 
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
-        ("deadline_exceeded", lc.FactKind.DEADLINE_EXCEEDED),
-        ("no_progress", lc.FactKind.NO_PROGRESS_TIMEOUT),
+        ("deadline_exceeded", FactKind.DEADLINE_EXCEEDED),
+        ("no_progress", FactKind.NO_PROGRESS_TIMEOUT),
     ],
 )
 def test_r6_1_r6_2_watchdog_breach_is_the_clocks_fact_named_by_its_clock(name, kind):
     conclusion = conclude_breach(name)
     assert (conclusion.outcome, conclusion.timeout_name) == ("abandoned", name)
     (fact,) = conclusion.facts
-    assert (fact.owner, fact.kind, fact.subject) == (lc.Owner.CLOCK, kind, name)
+    assert (fact.owner, fact.kind, fact.subject) == (Owner.CLOCK, kind, name)
 
 
 # =========================================================================== follow-ups
@@ -962,8 +969,8 @@ def test_r6_1_r6_2_watchdog_breach_is_the_clocks_fact_named_by_its_clock(name, k
 def test_r6_3_bounded_recovery_resends_the_same_turn_once_the_breaker_may_half_open():
     soon = HealthVerdict(False, "open", T0 + timedelta(seconds=90), "open")
     conclusion, _, _ = run_turn({"a": answer(), "b": answer()}, health={"a": soon, "b": soon})
-    decision = lc.Decision(lc.Path.BOUNDED_RECOVERY, "recover")
-    follow = lc.follow_up(
+    decision = Decision(Path.BOUNDED_RECOVERY, "recover")
+    follow = follow_up(
         decision,
         conclusion.next_work,
         last_increment=[TOOL_RESULT],
@@ -974,7 +981,7 @@ def test_r6_3_bounded_recovery_resends_the_same_turn_once_the_breaker_may_half_o
     assert follow is not None and follow.kind == "model_turn"
     assert follow.payload == {"increment": [TOOL_RESULT], "recovery": True}
     assert follow.countdown_s == 60.0  # capped: the deadline still bounds the run
-    uncapped = lc.follow_up(decision, None, last_increment=[TOOL_RESULT],
+    uncapped = follow_up(decision, None, last_increment=[TOOL_RESULT],
                             finalization_started=False,
                             recovery_delay_s=conclusion.recovery_delay_s)  # fmt: skip
     assert uncapped.countdown_s == 90.0
@@ -1041,10 +1048,10 @@ def test_r2_3_r4_4_r6_2_turn_conclusions_hold_their_invariants(a, b, final, incr
         if c.result == "refused" and c.kind in ("history_only", "re_probe")
     )
     # R4.1: no owner concludes for the run.
-    run_level = {lc.FactKind.RUN_FAILED, lc.FactKind.RUN_COMPLETED, lc.FactKind.ANSWER_CORRECT}
+    run_level = {FactKind.RUN_FAILED, FactKind.RUN_COMPLETED, FactKind.ANSWER_CORRECT}
     assert not run_level & set(kinds(conclusion))
     # R4.4: progress is exactly a deliverable body or a valid tool call.
-    progress_kinds = {lc.FactKind.TURN_ANSWERED, lc.FactKind.TURN_CALLED_TOOLS}
+    progress_kinds = {FactKind.TURN_ANSWERED, FactKind.TURN_CALLED_TOOLS}
     assert conclusion.progress == bool(progress_kinds & set(kinds(conclusion)))
     if conclusion.progress:
         assert outcome.result == "accepted"
@@ -1058,13 +1065,13 @@ def test_r2_3_r4_4_r6_2_turn_conclusions_hold_their_invariants(a, b, final, incr
             assert kept == ([] if final else sent_input)
             assert conclusion.history[-1]["role"] == "assistant"
         if final:
-            assert lc.FactKind.TURN_CALLED_TOOLS not in kinds(conclusion)
+            assert FactKind.TURN_CALLED_TOOLS not in kinds(conclusion)
     else:
         assert conclusion.history == () and conclusion.chunks == ()
         # R6.2: a turn the run's clock ended is named by that clock.
         if outcome.failure_class in RUN_CLOCK_CUTS:
             assert conclusion.timeout_name == outcome.failure_class
-            assert [f.owner for f in conclusion.facts] == [lc.Owner.CLOCK]
+            assert [f.owner for f in conclusion.facts] == [Owner.CLOCK]
     if outcome.result == "interrupted":
         # R6.2: an interruption is no clock's cut.
         assert (conclusion.failure_class, conclusion.timeout_name) == ("interrupted", "")

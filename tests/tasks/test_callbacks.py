@@ -22,7 +22,7 @@ from django.urls import reverse
 
 from governance import services, time_source
 from governance.models import BodyChunk, Provider, Run, RunCallback
-from governance.rules import lifecycle as lc
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from governance.services import callbacks as cb
 from tasks import callbacks as delivery
 from tasks.callbacks import resend_due_callbacks
@@ -131,11 +131,11 @@ def settled_run(
         if not final:
             BodyChunk.objects.filter(run=run).update(final=False)
     code = {
-        "completed": lc.ReasonCode.ANSWERED,
-        "partial": lc.ReasonCode.BODY_SAVE_PARTIAL,
-        "failed": lc.ReasonCode.NO_ANSWER_PRODUCED,
+        "completed": ReasonCode.ANSWERED,
+        "partial": ReasonCode.BODY_SAVE_PARTIAL,
+        "failed": ReasonCode.NO_ANSWER_PRODUCED,
     }[outcome]
-    row, created = written.settle(run, lc.Settlement(lc.Outcome(outcome), code, "test"), now)
+    row, created = written.settle(run, Settlement(Outcome(outcome), code, "test"), now)
     assert created
     callback = cb.create_for_settlement(run, row, now)
     assert callback is not None
@@ -270,7 +270,7 @@ def test_r7_3_no_callback_url_means_no_callback_row(manual_clock):
     thread = services.create_thread(provider_chain=["p"], now=now)
     run, _s, _ = services.submit_run(thread, input="hi", now=now)
     row, _ = written.settle(
-        run, lc.Settlement(lc.Outcome.FAILED, lc.ReasonCode.NO_ANSWER_PRODUCED, "x"), now
+        run, Settlement(Outcome.FAILED, ReasonCode.NO_ANSWER_PRODUCED, "x"), now
     )
     assert cb.create_for_settlement(run, row, now) is None
     assert not RunCallback.objects.exists()
