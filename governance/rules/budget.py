@@ -66,19 +66,10 @@ class RefusalReason(StrEnum):
 # The gauge resource: held slots come back on release; all others only grow.
 RELEASABLE: frozenset[Resource] = frozenset({Resource.PROVIDER_CONCURRENCY})
 
-# R5.2: the run's resources, each with its own ledger.
-RESOURCES = frozenset(
-    {
-        "model_requests",
-        "tool_calls",
-        "web_searches",
-        "provider_concurrency",
-        "body_revisions",
-        "output_reserve",
-    }
-)
-ORDINARY_RESEARCH_RESOURCE = "model_requests"
-OUTPUT_RESERVE = "output_reserve"
+# R5.2: the run's resources, each with its own ledger (their names, as facts carry them).
+RESOURCES = frozenset(resource.value for resource in Resource)
+ORDINARY_RESEARCH_RESOURCE = Resource.MODEL_REQUESTS.value
+OUTPUT_RESERVE = Resource.OUTPUT_RESERVE.value
 
 
 class BudgetError(ValueError):
