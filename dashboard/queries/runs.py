@@ -602,37 +602,7 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
     for span in ordered:
         attrs = span.attributes if isinstance(span.attributes, dict) else {}
         stage = stage_by_id.get(str(attrs.get("governance.stage_id", "")))
-        stage_words = f"stage {stage.seq} · {stage.kind.replace('_', ' ')}" if stage else "stage"
-        if span.name == RUN_SPAN_NAME:
-            kind, label, detail = "run", "Run", ""
-        elif span.name == QUEUE_SPAN_NAME:
-            kind, label, detail = "queue", f"{stage_words} · queued", _clock_words(attrs)
-        elif span.name == EXECUTION_SPAN_NAME:
-            kind, label = "execution", f"{stage_words} · execution"
-            detail = _clock_words(attrs)
-            facts = stage_fact_words(
-                str(attrs.get("governance.stage.timeout") or ""),
-                str(attrs.get("governance.stage.failure_class") or ""),
-            )
-            if facts:
-                detail = f"{facts} · {detail}"
-        elif "gen_ai.provider.name" in attrs or "gen_ai.operation.name" in attrs:
-            kind = "attempt"
-            provider = attrs.get("gen_ai.provider.name") or "provider"
-            attempt_kind = str(attrs.get("governance.attempt.kind") or "")
-            label = f"{provider} · {ATTEMPT_KIND_WORDS.get(attempt_kind, attempt_kind)}".rstrip(
-                " ·"
-            )
-            parts = [str(attrs.get("gen_ai.request.model") or "")]
-            failure = attrs.get("governance.failure_class") or attrs.get("error.type")
-            parts.append(f"failed: {failure}" if failure else "accepted")
-            tokens_in = attrs.get("gen_ai.usage.input_tokens")
-            tokens_out = attrs.get("gen_ai.usage.output_tokens")
-            if tokens_in is not None or tokens_out is not None:
-                parts.append(f"tokens {tokens_in or 0} in / {tokens_out or 0} out")
-            detail = " · ".join(p for p in parts if p)
-        else:
-            kind, label, detail = "other", span.name, ""
+        kind, label, detail = _span_words(span, attrs, stage)
         left, width = _place(span.start, span.end, origin, total)
         bars.append(
             Bar(
@@ -655,6 +625,37 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
         total=duration_words(end - origin),
         ticks=_ticks(total),
     )
+
+
+def _span_words(
+    span: SpanRecord, attrs: dict[str, Any], stage: Stage | None
+) -> tuple[str, str, str]:
+    """A bar's kind, label and detail, from its span's name and attributes."""
+    stage_words = f"stage {stage.seq} · {stage.kind.replace('_', ' ')}" if stage else "stage"
+    if span.name == RUN_SPAN_NAME:
+        return "run", "Run", ""
+    if span.name == QUEUE_SPAN_NAME:
+        return "queue", f"{stage_words} · queued", _clock_words(attrs)
+    if span.name == EXECUTION_SPAN_NAME:
+        detail = _clock_words(attrs)
+        facts = stage_fact_words(
+            str(attrs.get("governance.stage.timeout") or ""),
+            str(attrs.get("governance.stage.failure_class") or ""),
+        )
+        return "execution", f"{stage_words} · execution", f"{facts} · {detail}" if facts else detail
+    if "gen_ai.provider.name" in attrs or "gen_ai.operation.name" in attrs:
+        provider = attrs.get("gen_ai.provider.name") or "provider"
+        attempt_kind = str(attrs.get("governance.attempt.kind") or "")
+        label = f"{provider} · {ATTEMPT_KIND_WORDS.get(attempt_kind, attempt_kind)}".rstrip(" ·")
+        parts = [str(attrs.get("gen_ai.request.model") or "")]
+        failure = attrs.get("governance.failure_class") or attrs.get("error.type")
+        parts.append(f"failed: {failure}" if failure else "accepted")
+        tokens_in = attrs.get("gen_ai.usage.input_tokens")
+        tokens_out = attrs.get("gen_ai.usage.output_tokens")
+        if tokens_in is not None or tokens_out is not None:
+            parts.append(f"tokens {tokens_in or 0} in / {tokens_out or 0} out")
+        return "attempt", label, " · ".join(p for p in parts if p)
+    return "other", span.name, ""
 
 
 def _clock_words(attrs: dict[str, Any]) -> str:
