@@ -130,6 +130,12 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
     the providers on one page: two aggregated queries, whatever the count."""
     if not rows:
         return
+    _add_failures(rows, now)
+    _add_refused_segments(rows, now)
+
+
+def _add_failures(rows: list[ProviderRow], now: datetime) -> None:
+    """Each row's attempts, accepted ones and failures by class over 24 h."""
     by_pk = {row.provider.pk: row for row in rows}
     counts: dict[int, dict[str, int]] = defaultdict(dict)
     # Every provider's, then those of the page: narrowed to the page's providers in SQL,
@@ -163,6 +169,9 @@ def add_details(rows: list[ProviderRow], now: datetime) -> None:
             for name, count in sorted(per_class.items(), key=lambda kv: order.get(kv[0], 99))
         ]
 
+
+def _add_refused_segments(rows: list[ProviderRow], now: datetime) -> None:
+    """Each row's open segments where it is cooling or frozen (R3.2), frozen first."""
     by_id = {row.provider_id: row for row in rows}
     delays = services.reprobe_delays()
     # Only what a row shows (the segment's key, the thread's title): not every column of
