@@ -418,6 +418,33 @@ def _decode(body: bytes) -> str:
 WEBHOOK_CLASS = tool_rules.builtin_effect_class("webhook")
 
 
+class _NotSent(Exception):
+    """A call refused before any request: its effect and why."""
+
+    def __init__(self, effect: Effect, error: str) -> None:
+        super().__init__(error)
+        self.effect, self.error = effect, error
+
+
+def _webhook_request(
+    arguments: Any, idempotency_key: str, allowed_hosts: Iterable[str] | None
+) -> tuple[str, bytes]:
+    """The webhook's URL and JSON body (``_NotSent`` when nothing may be sent)."""
+    if not isinstance(arguments, dict):
+        raise _NotSent("failed", "webhook needs an object of arguments")
+    url = arguments.get("url")
+    if problem := _check_url(url, allowed_hosts):
+        raise _NotSent(problem[0], problem[1])
+    if err := _check_key(idempotency_key):
+        raise _NotSent("failed", err)
+    if "payload" not in arguments:
+        raise _NotSent("failed", "webhook needs a 'payload' to send")
+    try:
+        return url, json.dumps(arguments["payload"], allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise _NotSent("failed", f"the payload is not JSON-serialisable: {exc}") from None
+
+
 def webhook(
     arguments: dict[str, Any],
     *,
@@ -439,19 +466,10 @@ def webhook(
     def result(effect: Effect, error: str = "", **output: Any) -> ToolResult:
         return ToolResult(effect, dict(output), error, external=True)
 
-    if not isinstance(arguments, dict):
-        return result("failed", "webhook needs an object of arguments", request_sent=False)
-    url = arguments.get("url")
-    if problem := _check_url(url, allowed_hosts):
-        return result(problem[0], problem[1], request_sent=False)
-    if err := _check_key(idempotency_key):
-        return result("failed", err, request_sent=False)
-    if "payload" not in arguments:
-        return result("failed", "webhook needs a 'payload' to send", request_sent=False)
     try:
-        content = json.dumps(arguments["payload"], allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        return result("failed", f"the payload is not JSON-serialisable: {exc}", request_sent=False)
+        url, content = _webhook_request(arguments, idempotency_key, allowed_hosts)
+    except _NotSent as exc:
+        return result(exc.effect, exc.error, request_sent=False)
 
     headers = {
         "Idempotency-Key": idempotency_key,
