@@ -597,6 +597,25 @@ def execution_span(
         handle.end()
 
 
+@contextmanager
+def _current(span, handle, started_at: datetime) -> Iterator[None]:
+    """``span`` is the current span inside; it ends with the block, failed if the
+    block raised, unless ``handle`` ended it already."""
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    except BaseException as exc:
+        if not handle.ended:
+            at = _fallback_now(started_at)
+            _record_failure(span, exc, at)
+            handle.finish(at)
+        raise
+    finally:
+        otel_context.detach(token)
+        if not handle.ended:
+            handle.finish(_fallback_now(started_at))
+
+
 class AttemptSpan:
     """Handle of one provider attempt (a GenAI ``chat`` client span)."""
 
@@ -664,19 +683,8 @@ def attempt_span(
         f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs, start_time=_ns(started_at)
     )
     handle = AttemptSpan(span, started_at)
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
+    with _current(span, handle, started_at):
         yield handle
-    except BaseException as exc:
-        if not handle.ended:
-            at = _fallback_now(started_at)
-            _record_failure(span, exc, at)
-            handle.finish(at)
-        raise
-    finally:
-        otel_context.detach(token)
-        if not handle.ended:
-            handle.finish(_fallback_now(started_at))
 
 
 class ToolSpan:
@@ -745,19 +753,8 @@ def tool_span(
         f"execute_tool {tool}", attributes=attrs, start_time=_ns(started_at)
     )
     handle = ToolSpan(span, started_at)
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
+    with _current(span, handle, started_at):
         yield handle
-    except BaseException as exc:
-        if not handle.ended:
-            at = _fallback_now(started_at)
-            _record_failure(span, exc, at)
-            handle.finish(at)
-        raise
-    finally:
-        otel_context.detach(token)
-        if not handle.ended:
-            handle.finish(_fallback_now(started_at))
 
 
 # --------------------------------------------------------------------------- metrics

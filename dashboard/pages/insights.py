@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from dashboard.pages.reports import PeriodForm, csv_safe
-from dashboard.pages.streaming import csv_response
+from dashboard.pages.streaming import bad_filters, csv_response
 from dashboard.queries import insights as q
 from dashboard.site.env import parse_duration
 from dashboard.site.permissions import VIEW_INSIGHTS
@@ -367,11 +367,7 @@ def insights_csv(request: HttpRequest) -> HttpResponse:
     """The same filters as the page: the per-tier totals, then every detailed row."""
     form = _form(request, time_source.now())
     if not form.is_valid():
-        errors = "; ".join(
-            f"{name}: {' '.join(messages)}" if name != "__all__" else " ".join(messages)
-            for name, messages in form.errors.items()
-        )
-        return HttpResponse(f"Bad filters: {errors}\n", status=400, content_type="text/plain")
+        return bad_filters(form, "filters")
     query = form.query()
 
     writer = csv.writer(_Echo())

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from dashboard.pages import report_html
-from dashboard.pages.streaming import csv_response
+from dashboard.pages.streaming import bad_filters, csv_response
 from dashboard.queries import costs
 from dashboard.queries import report as q
 from governance import time_source
@@ -445,13 +445,7 @@ def delivery_report_csv(request: HttpRequest) -> HttpResponse:
     """R8.4: the same filters and grouping as the page: aggregate rows, then discrepancy rows."""
     form = _form(request, time_source.now())
     if not form.is_valid():
-        errors = "; ".join(
-            f"{name}: {' '.join(messages)}" if name != "__all__" else " ".join(messages)
-            for name, messages in form.errors.items()
-        )
-        return HttpResponse(
-            f"Bad report filters: {errors}\n", status=400, content_type="text/plain"
-        )
+        return bad_filters(form, "report filters")
     query = form.query()
     name = (
         f"delivery-report-{_filename_part(form.cleaned_data['from'])}-"

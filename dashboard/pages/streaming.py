@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable
 
 from asgiref.sync import sync_to_async
-from django.http import StreamingHttpResponse
+from django.forms import Form
+from django.http import HttpResponse, StreamingHttpResponse
 
 
 def csv_response(
@@ -30,3 +31,12 @@ def csv_response(
     response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
+
+
+def bad_filters(form: Form, what: str) -> HttpResponse:
+    """400 in plain text naming each filter that is wrong (an export has no page to show them)."""
+    errors = "; ".join(
+        f"{name}: {' '.join(messages)}" if name != "__all__" else " ".join(messages)
+        for name, messages in form.errors.items()
+    )
+    return HttpResponse(f"Bad {what}: {errors}\n", status=400, content_type="text/plain")
