@@ -19,6 +19,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.api.providers import provider_json, script_problem
+from dashboard.management.text_table import text_table
 from governance import time_source
 from governance.models import Provider
 from governance.services import ServiceError
@@ -69,13 +70,7 @@ def table(rows: list[dict]) -> str:
         ]
         for row in rows
     ]
-    widths = [max(len(str(line[i])) for line in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(
-            str(value).ljust(width) for value, width in zip(line, widths, strict=True)
-        ).rstrip()
-        for line in [COLUMNS, *cells]
-    )
+    return text_table(COLUMNS, cells)
 
 
 class Command(BaseCommand):

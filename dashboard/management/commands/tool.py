@@ -21,6 +21,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.api.tools import refresh_listing, tool_json
+from dashboard.management.text_table import text_table
 from governance import time_source
 from governance.models import ToolServer
 from governance.services import ServiceError, tool_registry, tool_servers
@@ -55,11 +56,7 @@ def table(rows: list[dict]) -> str:
         ]
         for row in rows
     ]  # fmt: skip
-    widths = [max(len(str(line[i])) for line in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(str(v).ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
-        for line in [COLUMNS, *cells]
-    )
+    return text_table(COLUMNS, cells)
 
 
 class Command(BaseCommand):
