@@ -10,6 +10,10 @@ tests/faults/test_redis_outage.py). Here that state is a connection error:
 the close is ignored as Celery intends, the worker reconnects, and the
 watchdog sends the stages of messages the worker had taken again (R6.6:
 the broker is a prompt, the database the record; dashboard/site/settings.py).
+
+It overrides a private method of kombu's channel (``_connparams``, kombu 5.x;
+pyproject.toml keeps kombu below 6). It can go when kombu raises a connection
+error there itself: tests/tasks/test_redis_transport.py fails on that day.
 """
 
 from __future__ import annotations

@@ -36,6 +36,19 @@ def test_r6_5_a_channel_whose_connection_is_gone_raises_what_celery_ignores(sett
     assert reached == []  # the error was raised, and ignored
 
 
+def test_kombus_own_channel_still_needs_the_guard(settings):
+    """The day kombu raises a connection error here itself, this fails: then the
+    guard (dashboard/site/redis_transport.py) can go."""
+    from kombu.transport import redis as kombu_redis
+
+    conn = Connection(settings.CELERY_BROKER_URL, transport=kombu_redis.Transport)
+    channel = conn.default_channel
+    channel.connection.client = None
+    channel._pool = None
+    with pytest.raises(AttributeError):
+        kombu_redis.Channel._connparams(channel)
+
+
 def test_r6_6_a_taken_message_leaves_no_copy_in_redis_and_a_lost_worker_gives_it_back(
     settings,
 ):

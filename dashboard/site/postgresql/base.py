@@ -8,6 +8,11 @@ the server ended the session (a restart's "terminating connection") or sent
 something unasked, and only then is the connection tried with a query and
 replaced if that fails. A PostgreSQL restart still costs no stage
 (tests/faults/test_postgres_restart.py).
+
+It sets psycopg_pool's private ``_check`` (psycopg-pool 3.x, kept below 4 in
+pyproject.toml): Django builds the pool with ``check=`` its own and a
+``"check"`` in ``OPTIONS["pool"]`` collides with it. It can go when Django
+lets the pool's check be chosen (or psycopg_pool's check costs no query).
 """
 
 from __future__ import annotations
