@@ -10,7 +10,7 @@ Versions: a payload written since the key existed says ``"version": 1``. One
 without it was written before (an older worker, a stage already queued):
 version 1's shape without the key, every missing key taking its default.
 A version this code does not know is refused (:class:`PayloadError`), not
-guessed at: the stage's gather fails, and that failure is its fact.
+guessed at: the stage fails, and the failure is its fact (R4.2).
 
 Frozen dataclasses, not pydantic: the rules' other values are frozen
 dataclasses, this layer imports nothing outside the standard library, and a

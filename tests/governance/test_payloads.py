@@ -161,7 +161,9 @@ def test_r6_3_what_is_written_loads_as_it_was(payload):
     assert load_payload(kind, written) == payload
 
 
-def test_a_payload_of_an_unknown_version_or_kind_is_refused_not_guessed():
+def test_r4_2_a_payload_of_an_unknown_version_or_kind_is_refused_not_guessed():
+    """A stage written by newer code is not misread: reading it raises, and the
+    stage records that as its own failure, a fact (R4.2)."""
     with pytest.raises(PayloadError):
         load_payload("model_turn", {"version": PAYLOAD_VERSION + 1, "increment": []})
     with pytest.raises(PayloadError):
