@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 from governance.rules.health import BreakerPolicy
+from governance.rules.payloads import StagePayload, load_payload
 
 # R2.2's breaker defaults are the rule's own (a provider row may set its own).
 _BREAKER = BreakerPolicy()
@@ -333,6 +334,13 @@ class Stage(models.Model):
                 condition=Q(finished_at__isnull=False),
             ),
         ]
+
+    @property
+    def typed_payload(self) -> StagePayload:
+        """``payload`` as its kind's type (``rules.payloads.load_payload``: what
+        this code writes, and the unversioned shape older code wrote). Parsed on
+        each read (a few microseconds): a caller that reads it twice keeps it."""
+        return load_payload(self.kind, self.payload)
 
 
 class ProviderAttempt(models.Model):

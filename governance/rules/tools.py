@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from governance.rules.authority import FactKind, Owner, OwnerFact
@@ -23,6 +23,7 @@ from governance.rules.effects import (
     ReplayAction,
     replay_action,
 )
+from governance.rules.payloads import ToolCallPayload, TurnPayload, VerifyEffectPayload
 from governance.rules.segments import SURFACE_WILDCARD, surface_allows
 from governance.rules.turns import ReceiptClose, StageConclusion
 
@@ -117,7 +118,7 @@ def tool_message(name: str, effect: str, output: Any, error: str) -> str:
 
 
 def conclude_tool_call(
-    payload: Mapping[str, Any],
+    payload: ToolCallPayload,
     *,
     effect: str,
     output: Any,
@@ -127,32 +128,25 @@ def conclude_tool_call(
 ) -> StageConclusion:
     """R4.1/R6.3: the executor's fact about one call, and the work that follows:
     the next call of the turn, or the model turn that reads the results."""
-    call = payload["calls"][payload["index"]]
-    results = [
-        *payload.get("results", []),
+    call = payload.call
+    results = (
+        *payload.results,
         {
             "role": "tool",
             "tool_call_id": call["id"],
             "content": tool_message(call["name"], effect, output, error),
         },
-    ]
-    if payload["index"] + 1 < len(payload["calls"]):
-        next_work: dict[str, Any] = {
-            "kind": "tool_call",
-            "payload": {
-                **payload,
-                "index": payload["index"] + 1,
-                "results": results,
-                "replay": False,
-            },
-        }
+    )
+    if payload.index + 1 < len(payload.calls):
+        following = replace(payload, index=payload.index + 1, results=results, replay=False)
+        next_work: dict[str, Any] = {"kind": "tool_call", "payload": following}
     else:
-        next_work = {"kind": "model_turn", "payload": {"increment": results}}
+        next_work = {"kind": "model_turn", "payload": TurnPayload(increment=results)}
     if effect == "unknown":
         # The lifecycle asks for verification first; both ways on are carried.
         next_work = {
             "next": next_work,
-            "replay": {"kind": "tool_call", "payload": {**payload, "replay": True}},
+            "replay": {"kind": "tool_call", "payload": replace(payload, replay=True)},
         }
     fact = OwnerFact(
         Owner.EXECUTOR,
@@ -194,7 +188,7 @@ def effect_evidence(key: str, lookup_effect: str) -> EffectEvidence:
 
 
 def conclude_verification(
-    payload: Mapping[str, Any], verdicts: Sequence[ReceiptVerdict]
+    payload: VerifyEffectPayload, verdicts: Sequence[ReceiptVerdict]
 ) -> StageConclusion:
     """R6.4: happened → the receipt becomes a success and work resumes; proven
     not performed → the same call is replayed with the SAME key; still unknown
@@ -202,8 +196,8 @@ def conclude_verification(
     settles the run with the effect listed as unknown — at once when the tool
     has no verification contract (nothing later could prove it). Never a blind
     replay."""
-    attempt = payload.get("attempt", 1)
-    resume = payload.get("resume") or {}
+    attempt = payload.attempt
+    resume = payload.resume  # the ways on, as the stage that met the effect concluded them
     next_work = resume.get("next")
     facts = []
     receipts = []

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from governance.rules.decision_table import Decision, Path
 from governance.rules.lifecycle_input import LifecycleError, require_text
+from governance.rules.payloads import StagePayload, TurnPayload, VerifyEffectPayload
 from governance.rules.run_facts import Phase, RunFacts
 from governance.rules.settlement import Outcome, settle_once
 
@@ -124,7 +125,7 @@ class FollowUp:
     """The stage a decision starts next, and how long its send waits."""
 
     kind: str
-    payload: Mapping[str, object]
+    payload: StagePayload  # stored by its own to_json (rules.payloads)
     countdown_s: float = 0.0
 
 
@@ -151,19 +152,19 @@ def follow_up(
         resume, attempt = verification if verification is not None else (next_work or {}, 0)
         return FollowUp(
             "verify_effect",
-            {"keys": list(decision.verify_keys), "resume": dict(resume), "attempt": attempt + 1},
+            VerifyEffectPayload(decision.verify_keys, dict(resume), attempt + 1),
             countdown_s=verify_delay_s,
         )
     if decision.path is Path.FINALIZATION_ONLY:
-        follow = None if finalization_started else FollowUp("finalization", {"increment": []})
+        follow = None if finalization_started else FollowUp("finalization", TurnPayload())
     elif decision.path is Path.BOUNDED_RECOVERY:
         follow = FollowUp(
             "model_turn",
-            {"increment": [dict(item) for item in last_increment], "recovery": True},
+            TurnPayload(tuple(dict(item) for item in last_increment), recovery=True),
             countdown_s=min(max(recovery_delay_s, 0.0), max_recovery_wait_s),
         )
     elif decision.path is Path.CONTINUE and next_work:
-        follow = FollowUp(str(next_work["kind"]), dict(next_work["payload"]))  # type: ignore[arg-type]
+        follow = FollowUp(str(next_work["kind"]), next_work["payload"])  # type: ignore[arg-type]
     else:
         return None
     if follow is not None and STAGE_OF_KIND.get(follow.kind) not in allowed_stages(decision):

@@ -30,6 +30,7 @@ from governance.rules.health import (
     HealthVerdict,
     TurnRefusalMemory,
 )
+from governance.rules.payloads import ToolCallPayload
 from governance.rules.progress import classify_turn
 from governance.rules.provider_failures import INTERRUPTED, RETRYABLE_FAILURE_CLASSES
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
@@ -402,7 +403,9 @@ class StageConclusion:
     history: tuple[Message, ...] = ()  # appended to the session (R1.3)
     chunks: tuple[ChunkCommit, ...] = ()  # generated, then committed with versions (R7.2)
     progress: bool = False  # business progress at the stage's end (R6.1)
-    next_work: Mapping[str, Any] | None = None  # what CONTINUE would start
+    # What CONTINUE would start: {"kind", "payload"} (a rules.payloads type), or
+    # an unknown effect's two ways on, {"next", "replay"} (R6.4).
+    next_work: Mapping[str, Any] | None = None
     recovery_delay_s: float = 0.0  # when a bounded recovery may help (an open breaker)
     attempts: tuple[TurnCall, ...] = ()
     health: tuple[HealthMove, ...] = ()
@@ -571,12 +574,7 @@ def _accepted(
             "facts": (_provider_fact(kind, accepted.provider_id),),
             "next_work": {
                 "kind": "tool_call",
-                "payload": {
-                    "calls": calls_made,
-                    "index": 0,
-                    "results": [],
-                    "turn_stage": facts.stage_id,
-                },
+                "payload": ToolCallPayload(calls=tuple(calls_made), turn_stage=facts.stage_id),
             },
         }
     if kind is FactKind.TURN_ANSWERED:

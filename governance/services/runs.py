@@ -29,6 +29,7 @@ from governance.rules import settlement as rules_settlement
 from governance.rules.authority import FactKind, Owner, OwnerFact
 from governance.rules.decision_table import Decision, Path
 from governance.rules.lifecycle_input import LifecycleError
+from governance.rules.payloads import StagePayload, TurnPayload
 from governance.rules.recovery import RecoveryConditions
 from governance.rules.run_facts import RunFacts
 from governance.rules.transitions import successor_run
@@ -159,7 +160,7 @@ def submit_run(
             run=run,
             seq=1,  # a new run's first stage
             kind=Stage.Kind.MODEL_TURN,
-            payload={"increment": [{"role": "user", "content": input}]},
+            payload=TurnPayload(increment=({"role": "user", "content": input},)).to_json(),
             enqueued_at=now,  # its queue clock starts here (R6.1)
         )
         sql.insert_together([run], [BudgetAccount(run=run, limits=merged)], [stage])
@@ -184,12 +185,14 @@ def submit_run(
 
 
 def enqueue_stage(
-    run: Run, kind: str, payload: dict[str, Any], now: datetime, *, seq: int | None = None
+    run: Run, kind: str, payload: StagePayload, now: datetime, *, seq: int | None = None
 ) -> Stage:
     """A new stage row, queued at ``now`` (its queue clock starts here, R6.1)."""
     if seq is None:
         seq = (run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
-    return Stage.objects.create(run=run, seq=seq, kind=kind, payload=payload, enqueued_at=now)
+    return Stage.objects.create(
+        run=run, seq=seq, kind=kind, payload=payload.to_json(), enqueued_at=now
+    )
 
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:

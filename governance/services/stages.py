@@ -44,6 +44,7 @@ from governance.rules import turns as turn_rules
 from governance.rules.authority import FactKind
 from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE
 from governance.rules.decision_table import Decision, Path, needs_recovery_conditions, next_path
+from governance.rules.payloads import TurnPayload
 from governance.rules.recovery import RecoveryConditions, RunAuthorization
 from governance.rules.refusal import (
     ProviderRefusal,
@@ -193,7 +194,7 @@ def _admit_first_request(
     candidate, kind = first
     draw = turn_rules.turn_draw(
         stage_id=stage.id, claim=stage.deliveries, provider_id=candidate.provider_id, kind=kind,
-        step=1, recovery=bool(stage.payload.get("recovery")),
+        step=1, recovery=stage.typed_payload.recovery,
         final=stage.kind == Stage.Kind.FINALIZATION,
     )  # fmt: skip
     admission = budget_service.admit_locked(ledger, draw, now=now, stage=stage)
@@ -337,7 +338,7 @@ def _turn_reads(run: Run, stage: Stage, now: datetime) -> Callable[[], TurnConte
             "delays": reprobe_schedules(providers.values()),
         }
         plan = turn_rules.plan_turn(
-            stage_increment=stage.payload.get("increment", []),
+            stage_increment=stage.typed_payload.increment,
             final=stage.kind == Stage.Kind.FINALIZATION,
             provider_chain=chain,
             provider_models={pid: p.model for pid, p in providers.items()},
@@ -420,7 +421,7 @@ def _recovery_conditions(run: Run, stage: Stage | None) -> RecoveryConditions:
     )
     increment_kept = (
         stage is None
-        or "increment" in (stage.payload or {})
+        or isinstance(stage.typed_payload, TurnPayload)
         or (bool(_last_turn_increment(run, stage)))
     )
     return RecoveryConditions(
@@ -440,9 +441,9 @@ def _recovery_conditions(run: Run, stage: Stage | None) -> RecoveryConditions:
 
 def _last_turn_increment(run: Run, stage: Stage | None) -> list[dict[str, Any]]:
     if stage is not None and stage.kind == Stage.Kind.MODEL_TURN:
-        return list(stage.payload.get("increment", []))
+        return list(stage.typed_payload.increment)
     last = run.stages.filter(kind=Stage.Kind.MODEL_TURN).order_by("-seq").first()
-    return list(last.payload.get("increment", [])) if last else []
+    return list(last.typed_payload.increment) if last else []
 
 
 def _hold_later(stage: Stage) -> sql.Later[Run]:
@@ -662,7 +663,8 @@ def _decide(
         return decision
     verification = None
     if stage is not None and stage.kind == Stage.Kind.VERIFY_EFFECT:
-        verification = (stage.payload.get("resume") or {}, stage.payload.get("attempt", 1))
+        verifying = stage.typed_payload
+        verification = (verifying.resume, verifying.attempt)
     follow = follow_up(
         decision,
         conclusion.next_work,
@@ -677,7 +679,7 @@ def _decide(
         verification=verification,
     )
     if follow is not None:
-        new = enqueue_stage(run, follow.kind, dict(follow.payload), now)
+        new = enqueue_stage(run, follow.kind, follow.payload, now)
         publish([new], {new.id: follow.countdown_s})
     return decision
 

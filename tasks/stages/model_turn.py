@@ -62,6 +62,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     offered = turns.offered_tools(segment.tool_surface, final=final)
     tools, tool_names = offered_specs(offered)  # built-ins and registry tools (issue 11)
     progress = _Progress(run, context.last_progress_at)
+    recovery = stage.typed_payload.recovery  # R5.3: a recovery's draws are keyed apart
     calls: list[turns.TurnCall] = []
     steps: dict[str, int] = {}
 
@@ -71,7 +72,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         now = time_source.now()
         draw = turns.turn_draw(
             stage_id=stage.id, claim=stage.deliveries, provider_id=provider.provider_id,
-            kind=kind, step=step, recovery=bool(stage.payload.get("recovery")), final=final,
+            kind=kind, step=step, recovery=recovery, final=final,
         )  # fmt: skip
         # The first request's draw was admitted with the claim; the others here.
         admission = context.admitted.pop(draw.key, None) or ledger.admit(

@@ -28,11 +28,10 @@ from tasks.tools import TOOLS, run_tool
 
 
 def execute(run: Run, stage: Stage):
-    payload = stage.payload
-    call = payload["calls"][payload["index"]]
-    key = tool_rules.tool_key(
-        str(run.id), payload.get("turn_stage", stage.id), payload["index"], call["id"]
-    )
+    payload = stage.typed_payload
+    call = payload.call
+    turn_stage = stage.id if payload.turn_stage is None else payload.turn_stage
+    key = tool_rules.tool_key(str(run.id), turn_stage, payload.index, call["id"])
     now = time_source.now()
     registry = None if call["name"] in TOOLS else tool_servers.registry_tool(call["name"])
     receipt, created = receipts.open_receipt(
@@ -47,7 +46,7 @@ def execute(run: Run, stage: Stage):
         None if created else receipt.effect,
         external=external,
         # Only the first delivery of a replay the executor asked for may perform it.
-        verified_replay=bool(payload.get("replay")) and stage.deliveries <= 1,
+        verified_replay=payload.replay and stage.deliveries <= 1,
     )
     close = True
     if step == "read_back":

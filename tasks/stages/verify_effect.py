@@ -20,8 +20,9 @@ from tasks.tools import verify_webhook
 
 
 def execute(run: Run, stage: Stage):
+    payload = stage.typed_payload
     verdicts = []
-    for key in stage.payload["keys"]:
+    for key in payload.keys:
         receipt = ToolReceipt.objects.get(idempotency_key=key)
         if receipt.server:  # a registry tool (issue 11): its own contract, or none
             lookup, verifiable = registry_tools.verify(receipt)
@@ -31,6 +32,6 @@ def execute(run: Run, stage: Stage):
         verdicts.append(
             tool_rules.ReceiptVerdict(key, receipt.tool, state, lookup.output, verifiable)
         )
-    conclusion = tool_rules.conclude_verification(stage.payload, verdicts)
+    conclusion = tool_rules.conclude_verification(payload, verdicts)
     now = time_source.now()
     return conclusion.outcome, stage_service.close_stage(stage, conclusion, now, run=run)

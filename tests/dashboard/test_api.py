@@ -603,7 +603,10 @@ def test_submit_run_is_202_with_run_budget_account_and_a_queued_first_stage(
     assert stage.seq == 1 and stage.kind == "model_turn"
     assert stage.enqueued_at == manual_clock()
     assert stage.started_at is None and stage.finished_at is None
-    assert stage.payload == {"increment": [{"role": "user", "content": "What is 6 x 7?"}]}
+    assert stage.payload == {  # stored with its version (rules.payloads)
+        "version": 1,
+        "increment": [{"role": "user", "content": "What is 6 x 7?"}],
+    }
     # The stage row is the queued fact (its queue clock starts at enqueued_at).
     assert not RunEvent.objects.filter(run=run).exists()
 

@@ -26,6 +26,7 @@ from governance.models import (
     ToolReceipt,
 )
 from governance.rules.decision_table import Decision, Path
+from governance.rules.payloads import ToolCallPayload, TurnPayload
 from governance.rules.settlement import Settlement
 from tests import facts as written
 
@@ -70,7 +71,7 @@ def make_run(
     for n in range(stages):
         if n:
             stage = services.enqueue_stage(
-                run, Stage.Kind.MODEL_TURN, {}, at + timedelta(seconds=n)
+                run, Stage.Kind.MODEL_TURN, TurnPayload(), at + timedelta(seconds=n)
             )
         Stage.objects.filter(id=stage.id).update(
             started_at=at + timedelta(seconds=n, milliseconds=200)
@@ -700,7 +701,9 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
     from its own row (enqueued_at → started_at) with its execution span's clocks,
     under the run span and just before that stage's execution bar."""
     run, first, _ = services.submit_run(thread, input="hi", now=T0)
-    second = services.enqueue_stage(run, Stage.Kind.TOOL_CALL, {}, T0 + timedelta(seconds=60))
+    second = services.enqueue_stage(
+        run, Stage.Kind.TOOL_CALL, ToolCallPayload(), T0 + timedelta(seconds=60)
+    )
     Stage.objects.filter(id=first.id).update(
         enqueued_at=T0 + timedelta(seconds=10), started_at=T0 + timedelta(seconds=30)
     )

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from governance.rules import tools as rules
 from governance.rules.authority import FactKind
 from governance.rules.effects import EffectState
+from governance.rules.payloads import VerifyEffectPayload
 from governance.rules.segments import SegmentConfig, config_changes, surface_allows
 
 
@@ -111,10 +112,10 @@ def test_r1_1_wire_names_are_always_valid_distinct_and_reversible(names):
 
 def test_r6_4_an_unknown_effect_without_a_verification_contract_settles_at_once():
     unverifiable = rules.ReceiptVerdict("k", "files.write", EffectState.UNKNOWN, None, False)
-    conclusion = rules.conclude_verification({"attempt": 1, "resume": {}}, [unverifiable])
+    conclusion = rules.conclude_verification(VerifyEffectPayload(attempt=1), [unverifiable])
     assert conclusion.outcome == "still_unknown"
     (fact,) = conclusion.facts
     assert fact.kind is FactKind.HARD_LIMIT_REACHED and "no verification contract" in (fact.detail)
     # One that can be asked is asked again later instead (up to MAX_VERIFICATIONS).
     askable = rules.ReceiptVerdict("k", "notify", EffectState.UNKNOWN)
-    assert rules.conclude_verification({"attempt": 1, "resume": {}}, [askable]).facts == ()
+    assert rules.conclude_verification(VerifyEffectPayload(attempt=1), [askable]).facts == ()

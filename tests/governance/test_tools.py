@@ -10,6 +10,7 @@ the next stage.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from governance.rules.authority import FactKind, Owner, OwnerFact
 from governance.rules.decision_table import Decision, Path, next_path
 from governance.rules.effects import EffectState, EvidenceKind, effect_state_after
+from governance.rules.payloads import ToolCallPayload, TurnPayload, VerifyEffectPayload
 from governance.rules.run_facts import RunFacts
 from governance.rules.settlement import Outcome, ReasonCode
 from governance.rules.tools import (
@@ -42,22 +44,21 @@ HOOK = {"id": "c2", "name": "webhook", "arguments": {"url": "https://example.tes
 EFFECTS = ("succeeded", "failed", "refused", "unknown")
 
 
-def payload(*calls: dict[str, Any], index: int = 0, results=(), **extra: Any) -> dict[str, Any]:
-    return {
-        "calls": list(calls or (SEARCH, HOOK)),
-        "index": index,
-        "results": list(results),
-        "turn_stage": 7,
+def payload(*calls: dict[str, Any], index: int = 0, results=(), **extra: Any) -> ToolCallPayload:
+    return ToolCallPayload(
+        calls=tuple(calls or (SEARCH, HOOK)),
+        index=index,
+        results=tuple(results),
+        turn_stage=7,
         **extra,
-    }
+    )
 
 
-def key_of(p: dict[str, Any]) -> str:
-    call = p["calls"][p["index"]]
-    return tool_key("run-1", p["turn_stage"], p["index"], call["id"])
+def key_of(p: ToolCallPayload) -> str:
+    return tool_key("run-1", p.turn_stage, p.index, p.call["id"])
 
 
-def call_tool(p: dict[str, Any], effect: str, output: Any = None, error: str = "", **kw: Any):
+def call_tool(p: ToolCallPayload, effect: str, output: Any = None, error: str = "", **kw: Any):
     return conclude_tool_call(p, effect=effect, output=output, error=error, key=key_of(p), **kw)
 
 
@@ -150,11 +151,11 @@ def test_r6_3_a_call_that_is_not_the_last_continues_with_the_next_call():
     conclusion = call_tool(payload(index=0), "succeeded", {"price": 12.3})
     assert conclusion.next_work["kind"] == "tool_call"
     nxt = conclusion.next_work["payload"]
-    assert nxt["index"] == 1 and nxt["replay"] is False
-    assert nxt["calls"] == [SEARCH, HOOK] and nxt["turn_stage"] == 7
-    assert nxt["results"] == [
-        {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"price": 12.3})}
-    ]
+    assert nxt.index == 1 and nxt.replay is False
+    assert nxt.calls == (SEARCH, HOOK) and nxt.turn_stage == 7
+    assert nxt.results == (
+        {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"price": 12.3})},
+    )
 
 
 def test_r6_3_the_last_call_hands_every_result_to_the_model_turn():
@@ -162,15 +163,15 @@ def test_r6_3_the_last_call_hands_every_result_to_the_model_turn():
     conclusion = call_tool(payload(index=1, results=[first]), "failed", error="HTTP 500")
     assert conclusion.next_work == {
         "kind": "model_turn",
-        "payload": {
-            "increment": [
+        "payload": TurnPayload(
+            increment=(
                 first,
                 {"role": "tool", "tool_call_id": "c2", "content": "webhook failed: HTTP 500"},
-            ]
-        },
+            )
+        ),
     }
     # R3.1: the results are a new, not yet accepted increment the next turn can quarantine.
-    increment = turn_increment(conclusion.next_work["payload"]["increment"], final=False)
+    increment = turn_increment(conclusion.next_work["payload"].increment, final=False)
     assert all(quarantinable(item) for item in increment)
 
 
@@ -205,7 +206,7 @@ def test_r6_3_r6_4_an_unknown_effect_carries_both_ways_on_and_is_never_a_success
     assert conclusion.next_work["next"]["kind"] == "model_turn"
     replay = conclusion.next_work["replay"]
     # The replay is the SAME call (same index, same results so far, same key).
-    assert replay == {"kind": "tool_call", "payload": {**p, "replay": True}}
+    assert replay == {"kind": "tool_call", "payload": replace(p, replay=True)}
     assert key_of(replay["payload"]) == key_of(p)
     assert conclusion.progress is False
     assert not any(f.kind is FactKind.OPERATION_SUCCEEDED for f in conclusion.facts)
@@ -223,7 +224,7 @@ def test_r6_3_one_failed_tool_continues_and_stays_a_failure(effect):
     follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
-    assert follow.kind == "tool_call" and follow.payload["index"] == 1  # the other tool is used
+    assert follow.kind == "tool_call" and follow.payload.index == 1  # the other tool is used
 
 
 # =========================================================================== R6.4 evidence
@@ -251,21 +252,21 @@ def test_r6_4_only_an_explicit_executor_lookup_resolves_an_unknown_effect(lookup
 # =========================================================================== verification
 
 
-def verify_payload(effect_conclusion) -> dict[str, Any]:
+def verify_payload(effect_conclusion) -> VerifyEffectPayload:
     """The verify stage's payload, as follow_up builds it from the tool stage's conclusion."""
     decision = decide(*effect_conclusion.facts)
     follow = follow_up(
         decision, effect_conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow is not None and follow.kind == "verify_effect"
-    return dict(follow.payload)
+    return follow.payload
 
 
 def test_r6_4_a_verified_effect_becomes_the_receipts_success_and_work_resumes():
     p = payload(index=1)
     unknown = call_tool(p, "unknown")
     verify = verify_payload(unknown)
-    assert verify["keys"] == [key_of(p)] and verify["attempt"] == 1
+    assert verify.keys == (key_of(p),) and verify.attempt == 1
     verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.HAPPENED, {"status": "ok"})
     conclusion = conclude_verification(verify, [verdict])
     assert conclusion.outcome == "verified"
@@ -304,9 +305,9 @@ def test_r6_4_proven_not_performed_is_replayed_with_the_same_key():
     follow = follow_up(
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
-    assert follow.kind == "tool_call" and follow.payload["replay"] is True
-    assert key_of(dict(follow.payload)) == key_of(p)
-    step = receipt_step(receipt.effect, external=True, verified_replay=follow.payload["replay"])
+    assert follow.kind == "tool_call" and follow.payload.replay is True
+    assert key_of(follow.payload) == key_of(p)
+    step = receipt_step(receipt.effect, external=True, verified_replay=follow.payload.replay)
     assert step == "perform"
 
 
@@ -334,10 +335,10 @@ def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_ef
     verifications = 0
     while follow is not None and follow.kind == "verify_effect":
         verifications += 1
-        assert follow.payload["attempt"] == verifications
-        assert follow.payload["resume"] == unknown.next_work  # the original ways on are kept
+        assert follow.payload.attempt == verifications
+        assert follow.payload.resume == unknown.next_work  # the original ways on are kept
         verdict = ReceiptVerdict(key_of(p), "webhook", EffectState.UNKNOWN)
-        conclusion = conclude_verification(dict(follow.payload), [verdict])
+        conclusion = conclude_verification(follow.payload, [verdict])
         facts += conclusion.facts
         decision = decide(*facts)
         if decision.path is Path.SETTLE:
@@ -347,7 +348,7 @@ def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_ef
             conclusion.next_work,
             last_increment=(),
             finalization_started=False,
-            verification=(follow.payload["resume"], follow.payload["attempt"]),
+            verification=(follow.payload.resume, follow.payload.attempt),
         )
         assert verifications < 10, "verification never ends"
     assert verifications == MAX_VERIFICATIONS
@@ -361,14 +362,14 @@ def test_r6_4_r6_3_verification_is_bounded_then_a_hard_limit_settles_with_the_ef
 
 @pytest.mark.parametrize("attempt", range(1, MAX_VERIFICATIONS + 2))
 def test_r6_4_only_the_last_allowed_verification_reaches_the_hard_limit(attempt):
-    verify = {"keys": ["k1"], "resume": {"next": {"kind": "model_turn"}}, "attempt": attempt}
+    verify = VerifyEffectPayload(("k1",), {"next": {"kind": "model_turn"}}, attempt)
     conclusion = conclude_verification(verify, [ReceiptVerdict("k1", "webhook", "unknown")])
     hard = [f for f in conclusion.facts if f.kind is FactKind.HARD_LIMIT_REACHED]
     assert bool(hard) is (attempt >= MAX_VERIFICATIONS)
 
 
 def test_r6_4_a_resolved_effect_at_the_last_attempt_is_no_hard_limit():
-    verify = {"keys": ["k1"], "resume": {"next": {"kind": "model_turn"}}, "attempt": 3}
+    verify = VerifyEffectPayload(("k1",), {"next": {"kind": "model_turn"}}, 3)
     verdict = ReceiptVerdict("k1", "webhook", EffectState.HAPPENED, {"ok": True})
     conclusion = conclude_verification(verify, [verdict])
     assert [f.kind for f in conclusion.facts] == [FactKind.EFFECT_HAPPENED]
@@ -376,7 +377,7 @@ def test_r6_4_a_resolved_effect_at_the_last_attempt_is_no_hard_limit():
 
 def test_r6_4_verification_without_a_resume_starts_nothing_of_its_own():
     verdict = ReceiptVerdict("k1", "webhook", EffectState.DID_NOT_HAPPEN)
-    conclusion = conclude_verification({"keys": ["k1"]}, [verdict])
+    conclusion = conclude_verification(VerifyEffectPayload(("k1",)), [verdict])
     assert conclusion.next_work is None
     assert [f.kind for f in conclusion.facts] == [FactKind.EFFECT_DID_NOT_HAPPEN]
 
@@ -391,7 +392,9 @@ def test_r6_4_verification_facts_follow_the_executors_proof(verdict_states, atte
         ReceiptVerdict(f"k{i}", "webhook", s, {"n": i}) for i, s in enumerate(verdict_states)
     ]
     resume = {"next": {"kind": "model_turn", "payload": {}}, "replay": {"kind": "tool_call"}}
-    conclusion = conclude_verification({"resume": resume, "attempt": attempt}, verdicts)
+    conclusion = conclude_verification(
+        VerifyEffectPayload(resume=resume, attempt=attempt), verdicts
+    )
     proven = [v for v in verdicts if v.state is not EffectState.UNKNOWN]
     assert [f.idempotency_key for f in conclusion.facts if f.idempotency_key] == [
         v.key for v in proven

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from governance.rules.decision_table import Decision, Path, next_path
 from governance.rules.lifecycle_input import LifecycleError
+from governance.rules.payloads import TurnPayload, VerifyEffectPayload
 from governance.rules.settlement import Outcome
 from governance.rules.transitions import successor_run
 from tests.governance.owner_facts import (
@@ -74,10 +75,10 @@ def test_r6_3_verify_starts_a_verification_that_keeps_both_ways_on_and_counts() 
     assert decision.path is Path.VERIFY_EFFECT
     first = _follow(decision, WAYS, verify_delay_s=5.0)
     assert (first.kind, first.countdown_s) == ("verify_effect", 5.0)
-    assert dict(first.payload) == {"keys": ["k1"], "resume": WAYS, "attempt": 1}
+    assert first.payload == VerifyEffectPayload(keys=("k1",), resume=WAYS, attempt=1)
     # A repeated verification keeps the original ways on, not the verify stage's own work.
     again = _follow(decision, WAYS["next"], verification=(WAYS, 1))
-    assert dict(again.payload) == {"keys": ["k1"], "resume": WAYS, "attempt": 2}
+    assert again.payload == VerifyEffectPayload(keys=("k1",), resume=WAYS, attempt=2)
 
 
 def test_r6_3_finalization_only_starts_the_one_finalization_and_never_a_second() -> None:
@@ -85,7 +86,7 @@ def test_r6_3_finalization_only_starts_the_one_finalization_and_never_a_second()
     assert decision.path is Path.FINALIZATION_ONLY
     tool_work = {"kind": "tool_call", "payload": {"calls": []}}
     first = _follow(decision, tool_work, last_increment=[{"role": "tool", "content": "x"}])
-    assert (first.kind, dict(first.payload)) == ("finalization", {"increment": []})
+    assert (first.kind, first.payload) == ("finalization", TurnPayload(increment=()))
     assert _follow(decision, tool_work, finalization_started=True) is None
 
 
@@ -95,8 +96,8 @@ def test_r6_3_bounded_recovery_resends_the_same_turn_inside_the_original_mechani
     increment = [{"role": "tool", "tool_call_id": "c1", "content": "x"}]
     follow = _follow(decision, None, last_increment=increment, recovery_delay_s=30.0)
     assert follow.kind == "model_turn" and follow.countdown_s == 30.0
-    assert dict(follow.payload) == {"increment": increment, "recovery": True}
-    assert follow.payload["increment"][0] is not increment[0]
+    assert follow.payload == TurnPayload(increment=tuple(increment), recovery=True)
+    assert follow.payload.increment[0] is not increment[0]
 
 
 @settings(max_examples=200, deadline=None)

@@ -30,6 +30,7 @@ from governance.rules.health import (
     HealthVerdict,
     classify_attempt,
 )
+from governance.rules.payloads import ToolCallPayload, TurnPayload
 from governance.rules.provider_failures import TRANSIENT_FAILURE_CLASSES
 from governance.rules.recovery import RecoveryConditions, RunAuthorization
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
@@ -477,7 +478,7 @@ def test_r4_4_accepted_tool_calls_go_to_history_and_start_the_tool_stage():
     )
     assert conclusion.next_work == {
         "kind": "tool_call",
-        "payload": {"calls": [SEARCH_CALL], "index": 0, "results": [], "turn_stage": 7},
+        "payload": ToolCallPayload(calls=(SEARCH_CALL,), index=0, results=(), turn_stage=7),
     }
     assert conclusion.chunks == ()  # a tool turn publishes nothing (R7.2)
 
@@ -486,7 +487,7 @@ def test_r4_4_only_tools_of_the_segment_surface_are_valid_calls():
     rogue = {"id": "c2", "name": "delete_everything", "arguments": {}}
     mixed = Reply(tool_calls=(SEARCH_CALL, rogue))
     conclusion, _, _ = run_turn({"a": mixed, "b": answer()})
-    assert conclusion.next_work["payload"]["calls"] == [SEARCH_CALL]
+    assert conclusion.next_work["payload"].calls == (SEARCH_CALL,)
     assert conclusion.history[-1]["tool_calls"] == [SEARCH_CALL]
     # Only invalid calls and no body: no progress (R4.4).
     only_rogue, _, _ = run_turn({"a": Reply(tool_calls=(rogue,)), "b": answer()})
@@ -606,7 +607,7 @@ def test_r6_3_tool_turn_continues_into_the_tool_stage():
         decision, conclusion.next_work, last_increment=(), finalization_started=False
     )
     assert follow is not None and follow.kind == "tool_call"
-    assert follow.payload["calls"] == [SEARCH_CALL] and follow.countdown_s == 0.0
+    assert follow.payload.calls == (SEARCH_CALL,) and follow.countdown_s == 0.0
 
 
 # =========================================================================== no provider
@@ -979,7 +980,7 @@ def test_r6_3_bounded_recovery_resends_the_same_turn_once_the_breaker_may_half_o
         max_recovery_wait_s=60.0,
     )
     assert follow is not None and follow.kind == "model_turn"
-    assert follow.payload == {"increment": [TOOL_RESULT], "recovery": True}
+    assert follow.payload == TurnPayload(increment=(TOOL_RESULT,), recovery=True)
     assert follow.countdown_s == 60.0  # capped: the deadline still bounds the run
     uncapped = follow_up(decision, None, last_increment=[TOOL_RESULT],
                             finalization_started=False,
