@@ -532,6 +532,11 @@ def close_stage(
 
     ``stage`` None: a fact from outside any stage (the clock watchdog), which
     closes the ``abandoned`` stages it stopped waiting for.
+
+    One of the run's hot paths, in fixed SQL (``services.statements``): the
+    lock reads what the close needs with it, and the writes from the history on
+    share one round trip (pipeline mode), where the ORM built each statement's
+    SQL anew (docs/performance.md has what each piece bought).
     """
     run = run if run is not None else stage.run
     with transaction.atomic():
@@ -541,65 +546,13 @@ def close_stage(
         segment = context.segment if context is not None else run.segment
         events: list[RunEvent] = []
         closed = Closed(decision=None)  # type: ignore[arg-type]
-        if conclusion.turn is not None and context is not None:
-            providers = context.providers
-            closed.notifications = record_turn(
-                run=run, stage=stage, segment=segment, outcome=conclusion.turn,
-                attempts=attempt_rows(conclusion.attempts, providers), now=now, events=events,
-            )  # fmt: skip
-            apply_health_moves(
-                providers, conclusion.health, now, rng=random.Random(), read=reads.health
-            )
-            for provider_id, digest in conclusion.turn_refusals:
-                remember_turn_refusal(providers[provider_id], digest, now)
-        for receipt in conclusion.receipts:
-            close_receipt_by_key(
-                receipt.key, effect=receipt.effect, output=receipt.output,
-                error=receipt.error, now=now, verified=receipt.verified,
-            )  # fmt: skip
-        for other in abandoned:
-            if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
-                finished_at=now,
-                outcome="abandoned",
-                timeout_name=conclusion.timeout_name,
-                detail="the clock watchdog stopped waiting for this stage",
-                clocks={},
-            ):
-                other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
+        closed.notifications = _write_counted(
+            stage, run, segment, conclusion, context, abandoned, reads, now, events
+        )
         # From here on the writes' counts are not read: on PostgreSQL they go with
         # the reads that follow them (statements.together), 3 round trips, not 8.
         with sql.together():
-            if conclusion.history:
-                # One turn at a time per thread: nothing else appended since the gather.
-                append_history(
-                    context.session, conclusion.history, run=run, now=now,
-                    last_seq=len(context.history),
-                )  # fmt: skip
-            if conclusion.chunks:
-                write_chunks(run, conclusion.chunks, now, events)
-            progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
-            if conclusion.progress:
-                progress = max(progress, now)
-            if conclusion.facts:
-                events.append(facts_event(run, conclusion.facts, now, stage))
-            if stage is not None:
-                stage.finished_at = now
-                clocks = stage_clock_values(run, stage, now, progress)
-                sql.update(
-                    Stage,
-                    {"id": stage.id},
-                    finished_at=now,
-                    outcome=conclusion.outcome,
-                    timeout_name=conclusion.timeout_name,
-                    failure_class=conclusion.failure_class,
-                    detail=conclusion.detail[:4000],
-                    clocks=clocks,
-                )
-                stage.outcome, stage.clocks = conclusion.outcome, clocks
-                stage.timeout_name = conclusion.timeout_name
-                stage.failure_class = conclusion.failure_class
-            if progress > run.last_progress_at:
-                run.last_progress_at = progress
+            _write_results(stage, run, conclusion, context, last_progress_at, now, events)
             if any(s.kind in MODEL_STAGES for s in (stage, *abandoned) if s is not None):
                 # The thread's turn is free again (a stage's close holds its row: _hold_later).
                 wake_next_turn(
@@ -607,16 +560,7 @@ def close_stage(
                 )
             closed.decision = decision = _decide(run, stage, conclusion, now, reads.fact_payloads)
             if decision.path is Path.SETTLE:
-                row, created = settlement_row(
-                    run, decision.settlement, now, events, known_absent=run.phase != "settled"
-                )
-                closed.settled = created
-                if created:
-                    # R7.3: the callback row is written with the settlement and
-                    # published only once both are committed.
-                    callback = callbacks.create_for_settlement(run, row, now)
-                    if callback is not None:
-                        callbacks.publish(callback.id)
+                closed.settled = _settle(run, decision, now, events)
             sql.insert(events)
             sql.update(
                 Run,
@@ -630,6 +574,107 @@ def close_stage(
             # Outside the block: a notice may update its existing row (a count is read).
             closed.critical_alert = _no_provider_alert(run, decision, segment, now)
     return closed
+
+
+def _write_counted(
+    stage: Stage | None,
+    run: Run,
+    segment: Segment,
+    conclusion: StageConclusion,
+    context: TurnContext | None,
+    abandoned: Sequence[Stage],
+    reads: _CloseReads,
+    now: datetime,
+    events: list[RunEvent],
+) -> list:
+    """The close's writes whose counts are read (outside pipeline mode): the turn's
+    attempts and refusal memory, the providers' health, the receipts, the
+    stages the watchdog stopped waiting for. Returns the turn's notifications."""
+    notifications = []
+    if conclusion.turn is not None and context is not None:
+        providers = context.providers
+        notifications = record_turn(
+            run=run, stage=stage, segment=segment, outcome=conclusion.turn,
+            attempts=attempt_rows(conclusion.attempts, providers), now=now, events=events,
+        )  # fmt: skip
+        apply_health_moves(
+            providers, conclusion.health, now, rng=random.Random(), read=reads.health
+        )
+        for provider_id, digest in conclusion.turn_refusals:
+            remember_turn_refusal(providers[provider_id], digest, now)
+    for receipt in conclusion.receipts:
+        close_receipt_by_key(
+            receipt.key, effect=receipt.effect, output=receipt.output,
+            error=receipt.error, now=now, verified=receipt.verified,
+        )  # fmt: skip
+    for other in abandoned:
+        if Stage.objects.filter(id=other.id, finished_at__isnull=True).update(
+            finished_at=now,
+            outcome="abandoned",
+            timeout_name=conclusion.timeout_name,
+            detail="the clock watchdog stopped waiting for this stage",
+            clocks={},
+        ):
+            other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
+    return notifications
+
+
+def _write_results(
+    stage: Stage | None,
+    run: Run,
+    conclusion: StageConclusion,
+    context: TurnContext | None,
+    last_progress_at: datetime | None,
+    now: datetime,
+    events: list[RunEvent],
+) -> None:
+    """The accepted history, the committed chunks, the facts' event, the stage's
+    own row and the run's progress (inside the close's pipelined block)."""
+    if conclusion.history:
+        # One turn at a time per thread: nothing else appended since the gather.
+        append_history(
+            context.session, conclusion.history, run=run, now=now,
+            last_seq=len(context.history),
+        )  # fmt: skip
+    if conclusion.chunks:
+        write_chunks(run, conclusion.chunks, now, events)
+    progress = max(last_progress_at or run.last_progress_at, run.last_progress_at)
+    if conclusion.progress:
+        progress = max(progress, now)
+    if conclusion.facts:
+        events.append(facts_event(run, conclusion.facts, now, stage))
+    if stage is not None:
+        stage.finished_at = now
+        clocks = stage_clock_values(run, stage, now, progress)
+        sql.update(
+            Stage,
+            {"id": stage.id},
+            finished_at=now,
+            outcome=conclusion.outcome,
+            timeout_name=conclusion.timeout_name,
+            failure_class=conclusion.failure_class,
+            detail=conclusion.detail[:4000],
+            clocks=clocks,
+        )
+        stage.outcome, stage.clocks = conclusion.outcome, clocks
+        stage.timeout_name = conclusion.timeout_name
+        stage.failure_class = conclusion.failure_class
+    if progress > run.last_progress_at:
+        run.last_progress_at = progress
+
+
+def _settle(run: Run, decision: Decision, now: datetime, events: list[RunEvent]) -> bool:
+    """The settlement row (once, R6.5) and its callback; True when written now."""
+    row, created = settlement_row(
+        run, decision.settlement, now, events, known_absent=run.phase != "settled"
+    )
+    if created:
+        # R7.3: the callback row is written with the settlement and
+        # published only once both are committed.
+        callback = callbacks.create_for_settlement(run, row, now)
+        if callback is not None:
+            callbacks.publish(callback.id)
+    return created
 
 
 def _decide(
