@@ -92,7 +92,12 @@ def admit(
     """R5.1/R5.4: atomic admission against the run's one ledger (row lock).
 
     ``stage``: the stage drawing it, so a use whose holder died before it
-    recorded the attempt can be marked as having no known outcome (R5.3)."""
+    recorded the attempt can be marked as having no known outcome (R5.3).
+
+    One of the run's hot paths, in fixed SQL (``services.statements``): every
+    model request is admitted here before it is sent, the ledger's rows read with
+    their lock in one statement; the claim admits a turn's first request with
+    its own reads (:func:`locked_ledger_later`, :func:`admit_locked`)."""
     with transaction.atomic():
         return _admit_on(
             _locked_ledger(run), resource, amount, key, purpose,

@@ -87,6 +87,9 @@ def submit_run(
     ``segment``: the open segment, when the caller read it with the thread in
     this transaction (the API: one statement); otherwise it is read here.
     Returns (run, first stage or None for a repeated key, created).
+
+    One of the run's hot paths, in fixed SQL (``services.statements``): its
+    rows are one statement (:func:`_insert_run`).
     """
     if not isinstance(input, str) or not input.strip():
         raise ServiceError("input", "say what the run should do")
