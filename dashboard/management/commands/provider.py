@@ -19,7 +19,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.api.providers import provider_json, script_problem
-from governance import time_source
+from governance import provider_kinds, time_source
 from governance.models import Provider
 from governance.services import ServiceError
 from governance.services import providers as provider_services
@@ -85,13 +85,22 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True)
         add = actions.add_parser("add", help="add a provider")
         add.add_argument("provider_id")
-        add.add_argument("--kind", required=True, choices=Provider.Kind.values)
+        kinds = provider_kinds.KINDS.values()
+        add.add_argument("--kind", required=True, choices=provider_kinds.names())
         add.add_argument("--model", required=True)
-        add.add_argument("--base-url", default="", help="openai and anthropic kinds")
+        add.add_argument(
+            "--base-url",
+            default="",
+            help=" and ".join(k.name for k in kinds if k.has_server) + " kinds",
+        )
         add.add_argument(
             "--key-env", default="", help="NAME of the environment variable holding the key"
         )
-        add.add_argument("--script", help="scripted kind: a JSON file with the script")
+        add.add_argument(
+            "--script",
+            help=" and ".join(k.name for k in kinds if k.has_script)
+            + " kind: a JSON file with the script",
+        )
         add.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS")
         add.add_argument("--read-timeout", type=float, default=120.0, metavar="SECONDS")
         add.add_argument("--failure-threshold", type=int, default=3)
