@@ -31,16 +31,14 @@ from typing import Literal, get_args
 from governance.rules.refusal import REFUSAL_SCOPE_TTL
 
 __all__ = [
-    "ADAPTERS",
-    "AUTH_ERROR_CODES",
-    "CONTENT_POLICY_ERROR_CODES",
+    "ERROR_KINDS",
     "FAILURE_CLASSES",
-    "QUOTA_ERROR_CODES",
-    "SERVER_ERROR_CODES",
     "TIME_BASED_CLASSES",
+    "TRANSPORT_ERRORS",
     "AttemptEvidence",
     "BreakerPolicy",
     "Classification",
+    "ErrorKind",
     "FailureClass",
     "HealthVerdict",
     "ProviderHealth",
@@ -78,8 +76,6 @@ TIME_BASED_CLASSES: frozenset[str] = frozenset(
 # R2.1: "timeout / network … circuit breaker, short cooldown".
 SHORT_COOLDOWN_CLASSES: frozenset[str] = frozenset({"timeout", "network"})
 
-Adapter = Literal["openai", "anthropic", "scripted"]
-ADAPTERS: tuple[str, ...] = get_args(Adapter)
 TransportError = Literal["connect_timeout", "read_timeout", "connect_error", "connection_reset"]
 TRANSPORT_ERRORS: tuple[str, ...] = get_args(TransportError)
 _TIMEOUT_TRANSPORT_ERRORS = frozenset({"connect_timeout", "read_timeout"})
@@ -89,59 +85,19 @@ _PRE_RESPONSE_TRANSPORT_ERRORS = frozenset({"connect_timeout", "connect_error"})
 BreakerState = Literal["closed", "open", "half_open"]
 BREAKER_STATES: tuple[str, ...] = get_args(BreakerState)
 
-# R2.4: OpenAI-compatible error codes that mean "the content", not "the request".
-# Compared case-insensitively. Codes absent from a list fall back to the HTTP status.
-CONTENT_POLICY_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "content_policy_violation",
-        "content_filter",
-        "content_policy",
-        "responsible_ai_policy_violation",
-        "responsibleaipolicyviolation",
-    }
-)
-# R2.1 "429, quota errors" → rate_limited, whatever status carries them.
-QUOTA_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "insufficient_quota",
-        "quota_exceeded",
-        "rate_limit_exceeded",
-        "rate_limit_error",
-        "resource_exhausted",
-        "too_many_requests",
-    }
-)
-# Used when no error status explains the failure (e.g. an Anthropic stream
-# that sent 200 headers and then an `error` event of type overloaded_error).
-SERVER_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "overloaded_error",
-        "overloaded",
-        "api_error",
-        "server_error",
-        "internal_server_error",
-        "service_unavailable",
-    }
-)
-AUTH_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "authentication_error",
-        "permission_error",
-        "invalid_api_key",
-        "unauthorized",
-        "permission_denied",
-    }
-)
-TIMEOUT_ERROR_CODES: frozenset[str] = frozenset({"timeout_error", "request_timeout"})
-BAD_REQUEST_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "invalid_request_error",
-        "not_found_error",
-        "request_too_large",
-        "context_length_exceeded",
-        "invalid_request",
-    }
-)
+# R2.1: what a provider's error code said, in no vendor's words. Each adapter
+# reads its vendor's codes into one of these (tasks/adapters/); a code it does
+# not know is no kind at all, and the HTTP status decides.
+ErrorKind = Literal["quota", "server", "auth", "timeout", "bad_request"]
+ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
+# After the status: the class an error kind names when no status explains the
+# failure (e.g. an error event in a stream that sent 200 headers).
+_CLASS_OF_ERROR_KIND: dict[str, FailureClass] = {
+    "server": "server_error",
+    "auth": "auth",
+    "timeout": "timeout",
+    "bad_request": "bad_request",
+}
 
 
 def _require_aware(value: datetime, name: str) -> datetime:
@@ -167,23 +123,18 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class AttemptEvidence:
-    """What an adapter observed on one failed or suspicious attempt (R2.1, R2.4, R6.2).
+    """What an adapter read from one attempt, in no vendor's words (R2.1, R2.4, R6.2).
 
     Every field is optional; the adapter reports what it saw and
-    ``classify_attempt`` names the class. Refusal fields are read only for
-    their own adapter (R2.4): ``finish_reason``/``message_refusal`` for
-    ``openai``, ``stop_reason`` for ``anthropic``, ``scripted_refusal_category``
-    for ``scripted``.
+    ``classify_attempt`` names the class. Each adapter reads its own vendor's
+    answer (R2.4): ``refusal_category`` is set when that answer was a refusal
+    (its category kept), ``error_kind`` when the vendor's error code said what
+    went wrong. The vendor's own words stay with the adapter's answer.
     """
 
-    adapter: Adapter
     status_code: int | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    finish_reason: str | None = None
-    message_refusal: str | None = None
-    stop_reason: str | None = None
-    scripted_refusal_category: str | None = None
+    error_kind: ErrorKind | None = None
+    refusal_category: str | None = None
     transport_error: TransportError | None = None
     headers_received: bool = False
     body_complete: bool = True
@@ -191,14 +142,20 @@ class AttemptEvidence:
     retry_after: str | float | None = None
 
     def __post_init__(self) -> None:
-        if self.adapter not in ADAPTERS:
-            raise ValueError(f"unknown adapter {self.adapter!r}; expected one of {ADAPTERS}")
         if self.status_code is not None and (
             not _is_int(self.status_code) or not 100 <= self.status_code <= 599
         ):
             raise ValueError(
                 f"status_code must be an HTTP status 100..599, got {self.status_code!r}"
             )
+        if self.error_kind is not None and self.error_kind not in ERROR_KINDS:
+            raise ValueError(
+                f"unknown error_kind {self.error_kind!r}; expected one of {ERROR_KINDS}"
+            )
+        if self.refusal_category is not None and (
+            not isinstance(self.refusal_category, str) or not self.refusal_category
+        ):
+            raise ValueError("refusal_category, when given, must name a category (R2.4)")
         if self.transport_error is not None and self.transport_error not in TRANSPORT_ERRORS:
             raise ValueError(
                 f"unknown transport_error {self.transport_error!r}; expected one of "
@@ -214,8 +171,6 @@ class AttemptEvidence:
                 "body_complete=False needs headers_received (a body cannot break before "
                 "headers arrive); report a transport_error instead"
             )
-        if self.scripted_refusal_category is not None and not self.scripted_refusal_category:
-            raise ValueError("scripted_refusal_category, when declared, must name a category")
         if self.retry_after is not None and (
             isinstance(self.retry_after, bool)
             or not isinstance(self.retry_after, str | int | float)
@@ -358,30 +313,6 @@ def parse_retry_after(raw: str | float | None, now: datetime) -> float | None:
     return max(0.0, (moment - now).total_seconds())
 
 
-def _code(evidence: AttemptEvidence) -> str | None:
-    if evidence.error_code is None:
-        return None
-    return evidence.error_code.strip().lower() or None
-
-
-def _refusal_category(evidence: AttemptEvidence) -> str | None:
-    """R2.4 refusal detection, per adapter; returns the kept category."""
-    if evidence.adapter == "openai":
-        if evidence.finish_reason == "content_filter":
-            return "content_filter"
-        if evidence.message_refusal is not None and evidence.message_refusal.strip():
-            return "refusal"
-        code = _code(evidence)
-        # A content-policy code on an HTTP 400 (or on a stream error event that
-        # carries no status) is about the content, not a malformed request.
-        if code in CONTENT_POLICY_ERROR_CODES and evidence.status_code in (400, None):
-            return "content_filter" if code == "content_filter" else "policy"
-        return None
-    if evidence.adapter == "anthropic":
-        return "refusal" if evidence.stop_reason == "refusal" else None
-    return evidence.scripted_refusal_category
-
-
 def _class_from_status(status: int) -> FailureClass | None:
     if status == 429 or status == 402:  # 402: credits/quota exhausted
         return "rate_limited"
@@ -398,28 +329,13 @@ def _class_from_status(status: int) -> FailureClass | None:
     return None
 
 
-def _class_from_error_code(code: str | None) -> FailureClass | None:
-    if code is None:
-        return None
-    if code in SERVER_ERROR_CODES:
-        return "server_error"
-    if code in AUTH_ERROR_CODES:
-        return "auth"
-    if code in TIMEOUT_ERROR_CODES:
-        return "timeout"
-    if code in BAD_REQUEST_ERROR_CODES:
-        return "bad_request"
-    return None
-
-
 def _failure_class(evidence: AttemptEvidence) -> FailureClass | None:
-    code = _code(evidence)
-    if code in QUOTA_ERROR_CODES:
+    if evidence.error_kind == "quota":  # R2.1 "429, quota errors", whatever status carries them
         return "rate_limited"
     if evidence.status_code is not None and (by_status := _class_from_status(evidence.status_code)):
         return by_status
-    if by_code := _class_from_error_code(code):
-        return by_code
+    if evidence.error_kind is not None:
+        return _CLASS_OF_ERROR_KIND[evidence.error_kind]
     timer_fired = (
         evidence.deadline_evidence or evidence.transport_error in _TIMEOUT_TRANSPORT_ERRORS
     )
@@ -439,15 +355,15 @@ def _failure_class(evidence: AttemptEvidence) -> FailureClass | None:
 def classify_attempt(evidence: AttemptEvidence, now: datetime) -> Classification:
     """Classify one provider attempt into exactly one R2.1 class (or success).
 
-    Precedence: refusal (R2.4, per adapter) → quota codes → HTTP status →
-    provider error code → broken body after headers (R6.2: ``timeout`` only
-    with deadline evidence, else ``interrupted``) → transport errors →
-    success. ``now`` resolves an HTTP-date ``Retry-After``.
+    Precedence: refusal (R2.4, as the adapter read it) → a quota error →
+    HTTP status → the error's kind → broken body after headers (R6.2:
+    ``timeout`` only with deadline evidence, else ``interrupted``) →
+    transport errors → success. ``now`` resolves an HTTP-date ``Retry-After``.
     """
     if not isinstance(evidence, AttemptEvidence):
         raise TypeError(f"evidence must be AttemptEvidence, got {type(evidence).__name__}")
     now = _require_aware(now, "now")
-    category = _refusal_category(evidence)
+    category = evidence.refusal_category
     failure_class: FailureClass | None = (
         "refusal" if category is not None else _failure_class(evidence)
     )

@@ -1,10 +1,11 @@
 """Machinery shared by the adapters: limits on the injected clock, stream
-events, SSE parsing, tool-call assembly, httpx timeouts and the mapping of
-transport failures to evidence.
+events, SSE parsing, tool-call assembly, httpx timeouts, the mapping of
+transport failures to evidence, and the error codes every vendor's servers
+use (R2.1), read into the rules' words.
 
 Nothing here classifies: an attempt only *records* what it saw (status, codes,
-which clock fired, whether the body completed) and ``governance.rules.health``
-names the class.
+which clock fired, whether the body completed), its adapter reads that into
+``AttemptEvidence`` and ``governance.rules.health`` names the class.
 """
 
 from __future__ import annotations
@@ -12,23 +13,27 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import httpx
 
-from governance.rules.health import AttemptEvidence
+from governance.rules.health import AttemptEvidence, ErrorKind
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
+from governance.rules.tools import tool_name_of
 from tasks.adapters.base import (
     CallLimits,
     Clock,
     OnEvent,
     ProviderConfig,
+    ProviderRequest,
     ProviderResponse,
+    ReadEvidence,
     StreamEvent,
     StreamEventKind,
     ToolCall,
+    WireAnswer,
 )
 
 # R6.1: only what the run can use counts as business progress. Headers,
@@ -48,6 +53,101 @@ TimeoutName = Literal["stage_timeout", "no_progress", "deadline_exceeded"]
 
 class MalformedStream(Exception):
     """The provider sent bytes that are not the protocol (e.g. a data line that is not JSON)."""
+
+
+# --------------------------------------------------------------------------- error codes
+
+# R2.1 "429, quota errors" → rate_limited, whatever status carries them.
+QUOTA_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "insufficient_quota",
+        "quota_exceeded",
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        "resource_exhausted",
+        "too_many_requests",
+    }
+)
+# Read when no error status explains the failure (e.g. an Anthropic stream
+# that sent 200 headers and then an `error` event of type overloaded_error).
+SERVER_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "overloaded_error",
+        "overloaded",
+        "api_error",
+        "server_error",
+        "internal_server_error",
+        "service_unavailable",
+    }
+)
+AUTH_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "authentication_error",
+        "permission_error",
+        "invalid_api_key",
+        "unauthorized",
+        "permission_denied",
+    }
+)
+TIMEOUT_ERROR_CODES: frozenset[str] = frozenset({"timeout_error", "request_timeout"})
+BAD_REQUEST_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "invalid_request_error",
+        "not_found_error",
+        "request_too_large",
+        "context_length_exceeded",
+        "invalid_request",
+    }
+)
+_ERROR_KIND_OF_CODES: tuple[tuple[frozenset[str], ErrorKind], ...] = (
+    (QUOTA_ERROR_CODES, "quota"),
+    (SERVER_ERROR_CODES, "server"),
+    (AUTH_ERROR_CODES, "auth"),
+    (TIMEOUT_ERROR_CODES, "timeout"),
+    (BAD_REQUEST_ERROR_CODES, "bad_request"),
+)
+
+
+def normalized_code(code: str | None) -> str | None:
+    """A provider's error code as the tables hold it: compared case-insensitively."""
+    if code is None:
+        return None
+    return code.strip().lower() or None
+
+
+def error_kind(code: str | None) -> ErrorKind | None:
+    """R2.1: what a provider's error code says, in the rules' words; None for
+    a code no table holds (then the HTTP status decides)."""
+    code = normalized_code(code)
+    for codes, kind in _ERROR_KIND_OF_CODES:
+        if code in codes:
+            return kind
+    return None
+
+
+def evidence_from(answer: WireAnswer, *, refusal_category: str | None) -> AttemptEvidence:
+    """The evidence of ``answer`` with the refusal its adapter read (R2.4):
+    the status, the error code's kind (R2.1), the transport and the clocks."""
+    return AttemptEvidence(
+        status_code=answer.status_code,
+        error_kind=error_kind(answer.error_code),
+        refusal_category=refusal_category,
+        transport_error=answer.transport_error,
+        headers_received=answer.headers_received,
+        body_complete=answer.body_complete,
+        deadline_evidence=answer.deadline_evidence,
+        retry_after=answer.retry_after,
+    )
+
+
+def tool_names_back(request: ProviderRequest, response: ProviderResponse) -> ProviderResponse:
+    """The model's calls by the tools' own names (the wire names read back)."""
+    if request.tool_names and response.tool_calls:
+        response.tool_calls = tuple(
+            replace(call, name=tool_name_of(call.name, request.tool_names))
+            for call in response.tool_calls
+        )
+    return response
 
 
 # --------------------------------------------------------------------------- clocks
@@ -222,14 +322,16 @@ class ToolCallAssembler:
 class Attempt:
     """Everything one attempt observed; ``response()`` turns it into the result.
 
-    Fields named like ``AttemptEvidence`` are reported there verbatim.
-    ``status_in_evidence`` is False for a failure carried by a stream error
-    event after a 200: the 200 does not explain that failure (health reads a
-    content-policy code without a status as a refusal, R2.4).
+    Fields named like ``WireAnswer``'s are reported there verbatim, and
+    ``read_evidence`` (the adapter's own, R2.4) reads that answer into the
+    evidence. ``status_in_evidence`` is False for a failure carried by a
+    stream error event after a 200: the 200 does not explain that failure
+    (the OpenAI adapter reads a content-policy code without a status as a
+    refusal, R2.4).
     """
 
-    def __init__(self, adapter: Literal["openai", "anthropic", "scripted"], rec: StreamRecorder):
-        self.adapter: Literal["openai", "anthropic", "scripted"] = adapter
+    def __init__(self, read_evidence: ReadEvidence, rec: StreamRecorder):
+        self.read_evidence = read_evidence
         self.rec = rec
         self.status_code: int | None = None
         self.status_in_evidence = True
@@ -316,9 +418,8 @@ class Attempt:
         text = "".join(self.refusal_parts)
         return text or None
 
-    def evidence(self) -> AttemptEvidence:
-        return AttemptEvidence(
-            adapter=self.adapter,
+    def answer(self) -> WireAnswer:
+        return WireAnswer(
             status_code=self.status_code if self.status_in_evidence else None,
             error_code=self.error_code,
             error_message=self.error_message,
@@ -337,6 +438,7 @@ class Attempt:
         complete = self.body_complete and self.timeout_name is None and not self.error_code
         # An incomplete tool call must never be executed: only a complete body yields calls.
         tool_calls = self.tools.finish() if complete else ()
+        answer = self.answer()
         if not self.error and self.refusal_text:
             self.error = f"refused: {self.refusal_text}"
         reason = self.finish_reason or self.stop_reason
@@ -350,7 +452,8 @@ class Attempt:
             latency_ms=self.rec.elapsed_ms(),
             response_model=self.response_model,
             events=self.rec.events,
-            evidence=self.evidence(),
+            evidence=self.read_evidence(answer),
+            answer=answer,
             error=self.error,
             timeout_name=self.timeout_name,
         )

@@ -76,11 +76,11 @@ CHAIN = (ChainEntry("a", "model-a"), ChainEntry("b", "model-b"))
 
 
 def classify(**evidence: Any) -> Classification:
-    return classify_attempt(AttemptEvidence("openai", **evidence), T0)
+    return classify_attempt(AttemptEvidence(**evidence), T0)
 
 
 OK = classify()
-REFUSAL = classify(finish_reason="content_filter")
+REFUSAL = classify(refusal_category="content_filter")
 SERVER_ERROR = classify(status_code=503)
 RATE_LIMITED = classify(status_code=429)
 AUTH = classify(status_code=401)
