@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 from governance import provider_kinds
-from governance.rules.health import BreakerPolicy
+from governance.rules.breaker import BreakerPolicy
 
 # R2.2's breaker defaults are the rule's own (a provider row may set its own).
 _BREAKER = BreakerPolicy()

@@ -75,7 +75,10 @@ def clock_reads(tree: ast.AST) -> list[str]:
 
 def test_rule_modules_exist():
     names = {p.stem for p in rule_modules()}
-    expected = {"refusal", "segments", "health", "routing", "run_clocks", "budget", "lifecycle"}
+    expected = {
+        "refusal", "segments", "classification", "retry_after", "breaker", "refusal_memory",
+        "routing", "run_clocks", "budget", "lifecycle",
+    }  # fmt: skip
     assert expected <= names
 
 
@@ -144,7 +147,7 @@ def test_the_checks_see_zoned_clock_reads_and_relative_imports():
     ``from ..models import X`` inside rules/ is an import of governance.models."""
     tree = ast.parse(
         "from datetime import UTC, datetime\nfrom ..models import Run\nfrom . import refusal\n"
-        "from governance import time_source\nfrom governance.rules import health\n"
+        "from governance import time_source\nfrom governance.rules import breaker\n"
         "def f():\n    return datetime.now(UTC), time.monotonic()\n"
     )
     assert [r.split(": ")[1] for r in clock_reads(tree)] == [".now()", ".monotonic()"]
@@ -156,7 +159,7 @@ def test_the_checks_see_zoned_clock_reads_and_relative_imports():
         "governance.models",
         "governance.rules.refusal",
         "governance.time_source",
-        "governance.rules.health",
+        "governance.rules.breaker",
     }
 
 

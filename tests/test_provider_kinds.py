@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from dashboard.api.schemas import ProviderCreate
 from governance import provider_kinds
 from governance.models import ApiToken, Provider
-from governance.rules.health import AttemptEvidence, classify_attempt
+from governance.rules.classification import AttemptEvidence, classify_attempt
 from governance.services import ServiceError
 from governance.services import providers as provider_services
 from governance.services.tokens import token_digest

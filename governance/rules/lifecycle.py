@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from governance.rules.health import TIME_BASED_CLASSES
+from governance.rules.classification import TIME_BASED_CLASSES
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 # ---------------------------------------------------------------------------

@@ -21,14 +21,11 @@ from typing import Any
 
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
+from governance.rules.breaker import HealthVerdict
 from governance.rules.budget import Draw
-from governance.rules.health import (
-    TIME_BASED_CLASSES,
-    Classification,
-    HealthVerdict,
-    TurnRefusalMemory,
-)
+from governance.rules.classification import TIME_BASED_CLASSES, Classification
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
+from governance.rules.refusal_memory import TurnRefusalMemory
 from governance.rules.routing import (
     AttemptOutcome,
     TurnOutcome,

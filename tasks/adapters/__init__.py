@@ -8,7 +8,7 @@ Adding a kind is its module, its entry below and its line in that list.
 ``call_provider`` performs one attempt and returns a ``ProviderResponse``
 whose ``evidence`` is the adapter's reading of its vendor's answer (R2.4: its
 refusals, its error codes; the answer itself is kept as ``answer``);
-``governance.rules.health`` classifies it. Provider and network failures
+``governance.rules.classification`` classifies it. Provider and network failures
 never raise: they are evidence. Only programming errors raise ``ValueError``
 (unknown kind, bad config or script, bad limits, a clock that does not return
 an aware datetime).
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 import httpx
 
 from governance import provider_kinds
-from governance.rules.health import AttemptEvidence
+from governance.rules.classification import AttemptEvidence
 from tasks.adapters import anthropic, openai, scripted
 from tasks.adapters._common import INVALID_ARGUMENTS_KEY
 from tasks.adapters.base import (

@@ -5,7 +5,7 @@ use (R2.1), read into the rules' words.
 
 Nothing here classifies: an attempt only *records* what it saw (status, codes,
 which clock fired, whether the body completed), its adapter reads that into
-``AttemptEvidence`` and ``governance.rules.health`` names the class.
+``AttemptEvidence`` and ``governance.rules.classification`` names the class.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from governance.rules.health import AttemptEvidence, ErrorKind
+from governance.rules.classification import AttemptEvidence, ErrorKind
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
 from governance.rules.tools import tool_name_of
 from tasks.adapters.base import (

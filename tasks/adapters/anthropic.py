@@ -20,7 +20,7 @@ Wire format:
 
 R2.4 refusal evidence is ``stop_reason == "refusal"``, read by
 ``read_evidence`` into the evidence's refusal category; classification is
-``governance.rules.health``'s job. A content-policy code is no refusal here:
+``governance.rules.classification``'s job. A content-policy code is no refusal here:
 on a 400 it is a bad request.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from governance.rules.health import AttemptEvidence
+from governance.rules.classification import AttemptEvidence
 from tasks.adapters._common import (
     Attempt,
     MalformedStream,

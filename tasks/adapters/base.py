@@ -4,7 +4,7 @@ An adapter is a real client of one wire protocol. It never decides anything:
 it performs one request, streams the response, keeps what the wire showed in
 its vendor's words (``WireAnswer``), reads that into ``AttemptEvidence``
 (R2.4: its vendor's refusal, its error codes; classified by
-``governance.rules.health``) and reports the stream events the clocks need
+``governance.rules.classification``) and reports the stream events the clocks need
 (R6.1: heartbeats are not progress). ``Adapter`` is one kind's entry in the
 registry (``tasks/adapters/__init__.py``).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from governance.rules.health import AttemptEvidence, TransportError
+from governance.rules.classification import AttemptEvidence, TransportError
 from governance.rules.tools import wire_name as _wire_name
 
 Role = Literal["system", "user", "assistant", "tool"]

@@ -18,7 +18,7 @@ R2.4 refusal evidence: ``finish_reason == "content_filter"``, a non-empty
 ``delta.refusal`` / ``message.refusal``, or a content-policy error code (on a
 400, or in a stream error chunk, which carries no status). ``read_evidence``
 reads them into the evidence's refusal category;
-``governance.rules.health.classify_attempt`` decides.
+``governance.rules.classification.classify_attempt`` decides.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from governance.rules.health import AttemptEvidence
+from governance.rules.classification import AttemptEvidence
 from tasks.adapters._common import (
     Attempt,
     MalformedStream,

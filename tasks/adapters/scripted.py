@@ -90,7 +90,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from governance.rules.health import TRANSPORT_ERRORS, AttemptEvidence
+from governance.rules.classification import TRANSPORT_ERRORS, AttemptEvidence
 from tasks.adapters._common import Attempt, StreamRecorder, evidence_from
 from tasks.adapters.base import (
     Adapter,

@@ -19,7 +19,7 @@ from django.conf import settings
 from governance import time_source
 from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
-from governance.rules.health import classify_attempt
+from governance.rules.classification import classify_attempt
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger

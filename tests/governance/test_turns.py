@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from governance.rules import lifecycle as lc
 from governance.rules import publication as pub
-from governance.rules.health import (
+from governance.rules.breaker import HealthVerdict
+from governance.rules.classification import (
     TIME_BASED_CLASSES,
     AttemptEvidence,
     Classification,
-    HealthVerdict,
     classify_attempt,
 )
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal

@@ -1,6 +1,6 @@
 """Each adapter reads its vendor's answer into evidence (R2.1, R2.4, R6.2).
 
-The rules (``governance.rules.health``) classify evidence and never look at a
+The rules (``governance.rules.classification``) classify evidence and never look at a
 vendor's format; these tests give each adapter's ``read_evidence`` what its
 vendor's wire says (a ``WireAnswer``) and classify what it read.
 """
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.rules.health import (
+from governance.rules.classification import (
     FAILURE_CLASSES,
     AttemptEvidence,
     Classification,
