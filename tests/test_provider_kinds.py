@@ -27,7 +27,7 @@ from governance.services import ServiceError
 from governance.services import providers as provider_services
 from governance.services.tokens import token_digest
 from tasks.adapters import REGISTRY, adapter_for, call_provider, check_registry
-from tasks.adapters._common import evidence_from
+from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
     Adapter,
     CallLimits,

@@ -1,11 +1,11 @@
 """Machinery shared by the adapters: limits on the injected clock, stream
-events, SSE parsing, tool-call assembly, httpx timeouts, the mapping of
-transport failures to evidence, and the error codes every vendor's servers
-use (R2.1), read into the rules' words.
+events, SSE parsing, tool-call assembly, httpx timeouts and the mapping of
+transport failures to evidence.
 
 Nothing here classifies: an attempt only *records* what it saw (status, codes,
 which clock fired, whether the body completed), its adapter reads that into
-``AttemptEvidence`` and ``governance.rules.classification`` names the class.
+``AttemptEvidence`` (``_evidence.py``) and ``governance.rules.classification``
+names the class.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from governance.rules.classification import AttemptEvidence, ErrorKind
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
 from governance.rules.tools import tool_name_of
 from tasks.adapters.base import (
@@ -53,91 +52,6 @@ TimeoutName = Literal["stage_timeout", "no_progress", "deadline_exceeded"]
 
 class MalformedStream(Exception):
     """The provider sent bytes that are not the protocol (e.g. a data line that is not JSON)."""
-
-
-# --------------------------------------------------------------------------- error codes
-
-# R2.1 "429, quota errors" → rate_limited, whatever status carries them.
-QUOTA_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "insufficient_quota",
-        "quota_exceeded",
-        "rate_limit_exceeded",
-        "rate_limit_error",
-        "resource_exhausted",
-        "too_many_requests",
-    }
-)
-# Read when no error status explains the failure (e.g. an Anthropic stream
-# that sent 200 headers and then an `error` event of type overloaded_error).
-SERVER_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "overloaded_error",
-        "overloaded",
-        "api_error",
-        "server_error",
-        "internal_server_error",
-        "service_unavailable",
-    }
-)
-AUTH_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "authentication_error",
-        "permission_error",
-        "invalid_api_key",
-        "unauthorized",
-        "permission_denied",
-    }
-)
-TIMEOUT_ERROR_CODES: frozenset[str] = frozenset({"timeout_error", "request_timeout"})
-BAD_REQUEST_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "invalid_request_error",
-        "not_found_error",
-        "request_too_large",
-        "context_length_exceeded",
-        "invalid_request",
-    }
-)
-_ERROR_KIND_OF_CODES: tuple[tuple[frozenset[str], ErrorKind], ...] = (
-    (QUOTA_ERROR_CODES, "quota"),
-    (SERVER_ERROR_CODES, "server"),
-    (AUTH_ERROR_CODES, "auth"),
-    (TIMEOUT_ERROR_CODES, "timeout"),
-    (BAD_REQUEST_ERROR_CODES, "bad_request"),
-)
-
-
-def normalized_code(code: str | None) -> str | None:
-    """A provider's error code as the tables hold it: compared case-insensitively."""
-    if code is None:
-        return None
-    return code.strip().lower() or None
-
-
-def error_kind(code: str | None) -> ErrorKind | None:
-    """R2.1: what a provider's error code says, in the rules' words; None for
-    a code no table holds (then the HTTP status decides)."""
-    code = normalized_code(code)
-    for codes, kind in _ERROR_KIND_OF_CODES:
-        if code in codes:
-            return kind
-    return None
-
-
-def evidence_from(answer: WireAnswer, *, refusal_category: str | None) -> AttemptEvidence:
-    """The evidence of ``answer`` with the refusal its adapter read (R2.4):
-    the status, the error code's kind (R2.1), the transport and the clocks."""
-    return AttemptEvidence(
-        status_code=answer.status_code,
-        error_kind=error_kind(answer.error_code),
-        refusal_category=refusal_category,
-        transport_error=answer.transport_error,
-        headers_received=answer.headers_received,
-        body_complete=answer.body_complete,
-        deadline_evidence=answer.deadline_evidence,
-        retry_after=answer.retry_after,
-    )
 
 
 def tool_names_back(request: ProviderRequest, response: ProviderResponse) -> ProviderResponse:
@@ -643,6 +557,21 @@ def _name_read_timeout(attempt: Attempt, bound: ReadBound) -> None:
         attempt.cut(name)
 
 
+def _error_answer(response: httpx.Response, parser: WireParser, attempt: Attempt) -> None:
+    """A non-2xx answer: its Retry-After and its error body (read only so far) are evidence."""
+    attempt.retry_after = retry_after_header(response.headers)
+    raw = _read_capped(response)
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = {"error": raw.decode("utf-8", "replace")[:500] or None}
+    parser.on_error_body(obj, attempt)
+    if not attempt.error:
+        attempt.error = (
+            f"HTTP {response.status_code} {attempt.error_code or ''}: {attempt.error_message or ''}"
+        ).strip()
+
+
 def stream_http(
     attempt: Attempt,
     parser: WireParser,
@@ -665,18 +594,7 @@ def stream_http(
         with client.stream("POST", url, json=body, headers=headers) as response:
             attempt.headers(response.status_code)
             if not 200 <= response.status_code < 300:
-                attempt.retry_after = retry_after_header(response.headers)
-                raw = _read_capped(response)
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    obj = {"error": raw.decode("utf-8", "replace")[:500] or None}
-                parser.on_error_body(obj, attempt)
-                if not attempt.error:
-                    attempt.error = (
-                        f"HTTP {response.status_code} {attempt.error_code or ''}: "
-                        f"{attempt.error_message or ''}"
-                    ).strip()
+                _error_answer(response, parser, attempt)
                 return
             if (name := rec.limit_hit()) is not None:
                 attempt.cut(name)

@@ -39,7 +39,6 @@ from tasks.adapters._common import (
     base_headers,
     check_http_config,
     error_fields,
-    evidence_from,
     index_of,
     load_json,
     obj,
@@ -47,6 +46,7 @@ from tasks.adapters._common import (
     text_of,
     tool_names_back,
 )
+from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
     Adapter,
     CallLimits,

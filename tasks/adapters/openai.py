@@ -37,14 +37,13 @@ from tasks.adapters._common import (
     base_headers,
     check_http_config,
     error_fields,
-    evidence_from,
     index_of,
     load_json,
-    normalized_code,
     obj,
     stream_http,
     tool_names_back,
 )
+from tasks.adapters._evidence import evidence_from, normalized_code
 from tasks.adapters.base import (
     Adapter,
     CallLimits,

@@ -91,7 +91,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from governance.rules.classification import TRANSPORT_ERRORS, AttemptEvidence
-from tasks.adapters._common import Attempt, StreamRecorder, evidence_from
+from tasks.adapters._common import Attempt, StreamRecorder
+from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
     Adapter,
     CallLimits,
