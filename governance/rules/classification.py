@@ -188,7 +188,7 @@ def _class_from_status(status: int) -> FailureClass | None:
         return "auth"
     if status == 408:  # the server's own request clock fired
         return "timeout"
-    if 500 <= status <= 599:  # includes Anthropic's 529 overloaded
+    if 500 <= status <= 599:  # 529 ("overloaded") included
         return "server_error"
     # An unexpected redirect (never followed) means the request or its
     # configuration is wrong, not that the provider is down.
