@@ -41,6 +41,7 @@ from tasks.adapters.base import (
 T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 TOKEN = "provider-kinds-token-" + "k" * 24
 ECHO = provider_kinds.ProviderKind("echo", "Echo (a kind only this test knows)", "server")
+TAPE = provider_kinds.ProviderKind("tape", "Tape (a script kind only this test knows)", "script")
 
 
 def read_echo(answer: WireAnswer) -> AttemptEvidence:
@@ -54,6 +55,11 @@ def call_echo(config, request, *, limits, clock, on_event, transport, script_sta
     return ProviderResponse(
         status_code=200, finish_reason="blocked", evidence=read_echo(answer), answer=answer
     )
+
+
+def check_tape(script) -> None:
+    if not isinstance(script, dict) or "tape" not in script:
+        raise ValueError("script: a tape script names its tape")
 
 
 @pytest.fixture
@@ -78,6 +84,12 @@ def test_a_kind_without_an_adapter_or_an_adapter_without_a_kind_is_refused_at_im
     extra = {**REGISTRY, "echo": Adapter(call=call_echo, read_evidence=read_echo)}
     with pytest.raises(ImportError, match=r"adapters without a kind \['echo'\]"):
         check_registry(extra, provider_kinds.KINDS)
+    scripted_without_check = {**REGISTRY, "scripted": Adapter(call_echo, read_echo)}
+    with pytest.raises(ImportError, match="'scripted': a kind whose configuration is a script"):
+        check_registry(scripted_without_check, provider_kinds.KINDS)
+    server_with_check = {**REGISTRY, "openai": Adapter(call_echo, read_echo, check_tape)}
+    with pytest.raises(ImportError, match="'openai': a kind whose configuration is a script"):
+        check_registry(server_with_check, provider_kinds.KINDS)
     with pytest.raises(ImportError, match="not an Adapter"):
         check_registry({**REGISTRY, "openai": object()}, provider_kinds.KINDS)  # type: ignore[dict-item]
 
@@ -147,3 +159,32 @@ def test_without_its_registration_the_kind_is_refused_by_the_service_and_the_com
         )  # fmt: skip
     with pytest.raises(CommandError, match="invalid choice"):
         call_command("provider", "add", "x", "--kind", "echo", "--model", "m", stdout=StringIO())
+
+
+@pytest.mark.django_db
+def test_a_registered_script_kind_has_its_script_checked_by_its_own_adapter(
+    monkeypatch, client, django_user_model
+):
+    monkeypatch.setitem(provider_kinds.KINDS, TAPE.name, TAPE)
+    monkeypatch.setitem(REGISTRY, TAPE.name, Adapter(call_echo, read_echo, check_tape))
+    check_registry(REGISTRY, provider_kinds.KINDS)
+    user = django_user_model.objects.create_user("kinds-admin")
+    user.user_permissions.add(Permission.objects.get(codename="change_provider"))
+    ApiToken.objects.create(user=user, name="t", key_digest=token_digest(TOKEN))
+
+    def post(script):
+        body = {"provider_id": "tape-1", "kind": "tape", "model": "m", "script": script}
+        return client.post(
+            "/api/v1/providers",
+            json.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+
+    refused = post({"default": {"answer": {"text": "a scripted provider's script"}}})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "field": "script",
+        "message": "script: a tape script names its tape",
+    }
+    assert post({"tape": "t-1"}).status_code == 201

@@ -5,7 +5,7 @@ come here. A provider names the *environment variable* that holds its key
 (``api_key_env``), never the key: nothing here reads, stores or returns a key.
 Each change is audited with the fields it changed.
 
-A scripted provider's script is checked by its adapter's validator in the
+A script kind's script is checked by its adapter's ``check_script`` in the
 caller (``tasks/`` is above this layer); here it only has to be an object.
 """
 

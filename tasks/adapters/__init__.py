@@ -32,6 +32,7 @@ or transport error), so ``on_event`` sees the end of the stream too.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -68,6 +69,7 @@ __all__ = [
     "call_provider",
     "check_registry",
     "read_evidence",
+    "script_problem",
     "validate_script",
 ]
 
@@ -93,6 +95,11 @@ def check_registry(
     for name, adapter in registry.items():
         if not isinstance(adapter, Adapter):
             raise ImportError(f"the registry's entry for {name!r} is not an Adapter")
+        if kinds[name].has_script != (adapter.check_script is not None):
+            raise ImportError(
+                f"{name!r}: a kind whose configuration is a script has its adapter's "
+                "check_script, and only such a kind has one"
+            )
 
 
 check_registry(REGISTRY, provider_kinds.KINDS)
@@ -107,6 +114,20 @@ def adapter_for(kind: str) -> Adapter:
             f"({', '.join(provider_kinds.names())})"
         )
     return adapter
+
+
+def script_problem(kind: str, script: Any) -> str | None:
+    """What the adapter of ``kind`` would refuse in ``script``; None when it
+    runs, or when ``kind`` is unknown or takes no script (the service's
+    checks say so, naming the field)."""
+    adapter = REGISTRY.get(kind) if isinstance(kind, str) else None
+    if adapter is None or adapter.check_script is None:
+        return None
+    try:
+        adapter.check_script(script)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def read_evidence(kind: str, answer: WireAnswer) -> AttemptEvidence:

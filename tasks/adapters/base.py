@@ -170,7 +170,9 @@ class AdapterCall(Protocol):
 class Adapter:
     """One provider kind's entry in the registry: ``call`` performs an attempt;
     ``read_evidence`` is its reading of its vendor's answer (R2.1, R2.4), the
-    same one ``call`` uses."""
+    same one ``call`` uses; ``check_script``, for a kind whose configuration
+    is a script, raises ValueError naming what in a script would not run."""
 
     call: AdapterCall
     read_evidence: ReadEvidence
+    check_script: Callable[[Any], None] | None = None

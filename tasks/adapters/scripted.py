@@ -565,4 +565,4 @@ def _call(config, request, *, limits, clock, on_event, transport, script_state) 
     )
 
 
-ADAPTER = Adapter(call=_call, read_evidence=read_evidence)
+ADAPTER = Adapter(call=_call, read_evidence=read_evidence, check_script=validate_script)

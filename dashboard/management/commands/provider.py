@@ -39,7 +39,7 @@ OPTIONS = {
 COLUMNS = ("provider_id", "kind", "model", "enabled", "breaker", "key_env", "key", "base_url")
 
 
-def _script(path: str | None):
+def _script(path: str | None, kind: str):
     if path is None:
         return None
     try:
@@ -48,7 +48,7 @@ def _script(path: str | None):
         raise CommandError(f"--script: cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CommandError(f"--script: {path} is not JSON: {exc}") from None
-    problem = script_problem(script)
+    problem = script_problem(kind, script)
     if problem:
         raise CommandError(f"--script: {problem}")
     return script
@@ -136,7 +136,7 @@ class Command(BaseCommand):
             model=options["model"],
             base_url=options["base_url"],
             api_key_env=options["key_env"],
-            script=_script(options["script"]),
+            script=_script(options["script"], options["kind"]),
             connect_timeout_s=options["connect_timeout"],
             read_timeout_s=options["read_timeout"],
             failure_threshold=options["failure_threshold"],
