@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from governance.rules.health import HealthVerdict
+from governance.rules.breaker import HealthVerdict
 from governance.rules.refusal import ProviderRefusal, refusal_verdict
 from governance.rules.routing import AttemptOutcome, ChainEntry, drive_turn, route_turn
 

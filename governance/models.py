@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from governance.rules.health import BreakerPolicy
+from governance import provider_kinds
+from governance.rules.breaker import BreakerPolicy
 from governance.rules.payloads import StagePayload, load_payload
 
 # R2.2's breaker defaults are the rule's own (a provider row may set its own).
@@ -23,13 +24,10 @@ _BREAKER = BreakerPolicy()
 
 
 class Provider(models.Model):
-    class Kind(models.TextChoices):
-        OPENAI = "openai", "OpenAI-compatible chat completions"
-        ANTHROPIC = "anthropic", "Anthropic messages"
-        SCRIPTED = "scripted", "Scripted (deterministic)"
-
     provider_id = models.SlugField(max_length=64, unique=True)
-    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # The kinds come from their one list (read when asked, so a new kind needs
+    # no migration); ``governance.services.providers`` checks a kind on write.
+    kind = models.CharField(max_length=16, choices=provider_kinds.choices)
     model = models.CharField(max_length=200)
     base_url = models.URLField(blank=True)
     # The *name* of the environment variable that holds the key, never the key.

@@ -31,13 +31,13 @@ from django.urls import NoReverseMatch, reverse
 
 from governance import time_source
 from governance.models import AlertChannel, Notification, NotificationDelivery
-from governance.rules.health import parse_retry_after
 from governance.rules.redelivery import (
     Verdict,
     attempt_verdict,
     smtp_recipients_verdict,
     smtp_reply_verdict,
 )
+from governance.rules.retry_after import parse_retry_after
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
 from tasks import outbound

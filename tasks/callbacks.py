@@ -25,8 +25,8 @@ from celery import shared_task
 from django.conf import settings
 
 from governance import time_source
-from governance.rules.health import parse_retry_after
 from governance.rules.redelivery import Verdict, attempt_verdict
+from governance.rules.retry_after import parse_retry_after
 from governance.services import callbacks as callbacks
 from governance.services.outbound import Resolver
 from tasks import outbound

@@ -78,7 +78,6 @@ def test_rule_modules_exist():
     expected = {
         "refusal",
         "segments",
-        "health",
         "routing",
         "run_clocks",
         "budget",
@@ -94,6 +93,10 @@ def test_rule_modules_exist():
         "run_facts",
         "decision_table",
         "transitions",
+        "classification",
+        "retry_after",
+        "breaker",
+        "refusal_memory",
     }
     assert expected <= names
 
@@ -163,7 +166,7 @@ def test_the_checks_see_zoned_clock_reads_and_relative_imports():
     ``from ..models import X`` inside rules/ is an import of governance.models."""
     tree = ast.parse(
         "from datetime import UTC, datetime\nfrom ..models import Run\nfrom . import refusal\n"
-        "from governance import time_source\nfrom governance.rules import health\n"
+        "from governance import time_source\nfrom governance.rules import breaker\n"
         "def f():\n    return datetime.now(UTC), time.monotonic()\n"
     )
     assert [r.split(": ")[1] for r in clock_reads(tree)] == [".now()", ".monotonic()"]
@@ -175,7 +178,7 @@ def test_the_checks_see_zoned_clock_reads_and_relative_imports():
         "governance.models",
         "governance.rules.refusal",
         "governance.time_source",
-        "governance.rules.health",
+        "governance.rules.breaker",
     }
 
 

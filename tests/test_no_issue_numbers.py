@@ -30,29 +30,6 @@ SCANNED = (
 SKIPPED_PARTS = {".venv", "migrations", "__pycache__"}
 BINARY_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".ico", ".svg", ".woff", ".woff2", ".pyc"}
 
-# Files other people are rewriting right now; they still cite tracker numbers
-# and will word them as the rest of the repository does. A path ending in "/"
-# stands for every file under that folder.
-# THIS LIST MUST BE EMPTIED: remove each entry as soon as its file is reworded.
-NOT_YET_REWORDED: tuple[str, ...] = (
-    "governance/rules/lifecycle.py",
-    "governance/rules/health.py",
-    "governance/services/stages.py",
-    "tasks/adapters/",
-    "tasks/stages/",
-    "tests/governance/test_lifecycle.py",
-    "tests/governance/test_health.py",
-    "tests/governance/test_statements.py",
-    "tests/tasks/test_stage_statements.py",
-)
-
-
-def _not_yet_reworded(relative: str) -> bool:
-    return any(
-        relative.startswith(entry) if entry.endswith("/") else relative == entry
-        for entry in NOT_YET_REWORDED
-    )
-
 
 def _scanned_files():
     for top in SCANNED:
@@ -71,7 +48,6 @@ def test_no_text_cites_an_issue_number():
     offenders = [
         f"{relative}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)!r}"
         for relative, text in _scanned_files()
-        if not _not_yet_reworded(relative)
         for match in ISSUE_NUMBER.finditer(text)
     ]
     assert offenders == []
@@ -86,9 +62,3 @@ def test_the_scan_sees_what_it_should():
         assert not ISSUE_NUMBER.search(plain), plain
     seen = {relative.split("/")[0] for relative, _text in _scanned_files()}
     assert seen == set(SCANNED)
-
-
-def test_the_allow_list_names_real_paths():
-    for entry in NOT_YET_REWORDED:
-        path = REPO_ROOT / entry
-        assert path.is_dir() if entry.endswith("/") else path.is_file(), entry

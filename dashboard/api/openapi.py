@@ -227,8 +227,8 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("providers",),
         description="Needs the `change_provider` permission. The key is named by its "
         "environment variable (`key_env`), never sent: a field such as `api_key` is "
-        "refused as unknown. openai and anthropic kinds need `base_url`; scripted needs "
-        "`script`.",
+        f"refused as unknown. {s.kinds_taking('server')} kinds need `base_url`; "
+        f"{s.kinds_taking('script')} needs `script`.",
     ),
     Operation(
         "get", "/api/v1/providers/{provider_id}", "A provider",

@@ -48,22 +48,19 @@ def provider_json(provider: Provider) -> dict[str, Any]:
     }
 
 
-def script_problem(script: Any) -> str | None:
-    """What the scripted adapter would refuse in ``script`` (None: it runs)."""
-    from tasks.adapters import validate_script
+def script_problem(kind: str, script: Any) -> str | None:
+    """What the adapter of ``kind`` would refuse in ``script`` (None: it runs,
+    or the kind takes no script, which the service says)."""
+    from tasks.adapters import script_problem as adapter_problem
 
-    try:
-        validate_script(script)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return adapter_problem(kind, script)
 
 
-def _provider_settings(body: BaseModel, *, exclude_none: bool) -> dict[str, Any]:
+def _provider_settings(body: BaseModel, *, kind: str, exclude_none: bool) -> dict[str, Any]:
     values = body.model_dump(exclude_none=exclude_none, exclude={"provider_id", "reason"})
     if "key_env" in values:
         values["api_key_env"] = values.pop("key_env")
-    if values.get("script") is not None and (problem := script_problem(values["script"])):
+    if values.get("script") is not None and (problem := script_problem(kind, values["script"])):
         raise ApiError(400, "script", problem)
     return values
 
@@ -92,7 +89,7 @@ def list_providers(request: HttpRequest) -> JsonResponse:
 def create_provider(request: HttpRequest) -> JsonResponse:
     require(request, permissions.MANAGE_PROVIDERS)
     body = parse_body(request, ProviderCreate)
-    values = _provider_settings(body, exclude_none=False)
+    values = _provider_settings(body, kind=body.kind, exclude_none=False)
     try:
         provider = provider_services.create_provider(
             provider_id=body.provider_id,
@@ -115,7 +112,7 @@ def provider_detail(request: HttpRequest, provider_id: str) -> JsonResponse:
 @api_view(("PATCH",))
 def update_provider(request: HttpRequest, provider_id: str) -> JsonResponse:
     require(request, permissions.MANAGE_PROVIDERS)
-    _provider(provider_id)  # 404 before judging the body
+    kind = _provider(provider_id).kind  # 404 before judging the body
     body = parse_body(request, ProviderUpdate)
     try:
         provider, _changed = provider_services.update_provider(
@@ -123,7 +120,7 @@ def update_provider(request: HttpRequest, provider_id: str) -> JsonResponse:
             by=request.api_user.get_username(),
             now=time_source.now(),
             reason=body.reason,
-            **_provider_settings(body, exclude_none=True),
+            **_provider_settings(body, kind=kind, exclude_none=True),
         )
     except Provider.DoesNotExist:
         raise ApiError(404, None, "no such provider") from None

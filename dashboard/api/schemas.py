@@ -28,6 +28,7 @@ from pydantic import (
     StringConstraints,
 )
 
+from governance import provider_kinds
 from governance.rules.refusal import MAX_SCHEDULE_TIERS, REFUSAL_SCOPE_TTL
 from governance.rules.segments import BoundaryKind
 from governance.services import providers as provider_rules
@@ -378,14 +379,36 @@ def _range(name: str, kind: type = float):
     return Annotated[kind, Field(ge=low, le=high)]
 
 
-ProviderKind = Literal["openai", "anthropic", "scripted"]
+def _known_kind(value: str) -> str:
+    """A kind of the one list (``governance.provider_kinds``), read when asked."""
+    if provider_kinds.kind(value) is None:
+        raise ValueError(f"must be one of {', '.join(provider_kinds.names())}")
+    return value
+
+
+def _kinds_enum(schema: dict[str, Any]) -> None:
+    schema["enum"] = list(provider_kinds.names())
+
+
+def kinds_taking(takes: str, form: str = "{}") -> str:
+    """The kinds whose configuration takes a server or a script, for the descriptions."""
+    return " and ".join(
+        form.format(k.name) for k in provider_kinds.KINDS.values() if k.takes == takes
+    )
+
+
+ProviderKind = Annotated[
+    str,
+    AfterValidator(_known_kind),
+    Field(description="the provider's kind (its wire protocol)", json_schema_extra=_kinds_enum),
+]
 BaseUrl = Annotated[
     str,
     StringConstraints(
         max_length=provider_rules.BASE_URL_MAX, pattern=r"^(https?://[^\s/?#]+\S*)?$"
     ),
     AfterValidator(_plain_text),
-    Field(description="http(s) base URL of the server (openai and anthropic kinds only)"),
+    Field(description=f"http(s) base URL of the server ({kinds_taking('server')} kinds only)"),
 ]
 KeyEnv = Annotated[
     str,
@@ -400,7 +423,10 @@ KeyEnv = Annotated[
 Script = Annotated[
     dict[str, Any],
     AfterValidator(_plain_json),
-    Field(description="scripted kind only: the script (format in tasks/adapters/scripted.py)"),
+    Field(
+        description=f"{kinds_taking('script')} kind only: the script (format in "
+        f"{kinds_taking('script', 'tasks/adapters/{}.py')})"
+    ),
 ]
 
 

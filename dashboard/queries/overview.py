@@ -18,7 +18,7 @@ from governance.models import (
     SegmentRefusal,
     Stage,
 )
-from governance.rules.health import health_verdict
+from governance.rules.breaker import health_verdict
 from governance.rules.refusal import max_sends, refusal_verdict, schedule_of
 
 CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining_ms")

@@ -1,7 +1,7 @@
 """Reads for the Providers page (R2.1–R2.3, R3.6, R8.1, R8.2). Read-only.
 
 The breaker verdict is computed like ``governance.services.health_verdicts``
-(the rule ``governance.rules.health.health_verdict`` with the provider's
+(the rule ``governance.rules.breaker.health_verdict`` with the provider's
 ``config_fingerprint()``), but from rows fetched in one query and without
 creating missing health rows: a page view never writes.
 """
@@ -25,12 +25,8 @@ from governance.models import (
     Segment,
     SegmentRefusal,
 )
-from governance.rules.health import (
-    FAILURE_CLASSES,
-    TIME_BASED_CLASSES,
-    HealthVerdict,
-    health_verdict,
-)
+from governance.rules.breaker import HealthVerdict, health_verdict
+from governance.rules.classification import FAILURE_CLASSES, TIME_BASED_CLASSES
 from governance.rules.refusal import max_sends, refusal_verdict, schedule_of
 
 RECENT = timedelta(hours=24)

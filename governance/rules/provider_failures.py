@@ -7,7 +7,7 @@ uses. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from governance.rules.health import TIME_BASED_CLASSES
+from governance.rules.classification import TIME_BASED_CLASSES
 
 # R2.1: the classes that time repairs (one set with the health rule). Refusal
 # (R3), auth and bad_request are not transient.

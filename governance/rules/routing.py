@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from governance.rules.health import HealthVerdict, TurnRefusalMemory, turn_recently_refused
+from governance.rules.breaker import HealthVerdict
 from governance.rules.refusal import (
     REFUSAL_REPROBE_DELAYS,
     RULE_TEXT,
@@ -31,6 +31,7 @@ from governance.rules.refusal import (
     reprobe_due,
     starting_schedule,
 )
+from governance.rules.refusal_memory import TurnRefusalMemory, turn_recently_refused
 
 MAX_RERENDERS = 2  # R3.1
 

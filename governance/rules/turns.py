@@ -22,18 +22,15 @@ from typing import Any
 from governance.rules import publication as pub
 from governance.rules.answers import Answer
 from governance.rules.authority import FactKind, Owner, OwnerFact
+from governance.rules.breaker import HealthVerdict
 from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE, OUTPUT_RESERVE, Draw
+from governance.rules.classification import TIME_BASED_CLASSES, Classification
 from governance.rules.dispatch import dispatch_allowed
-from governance.rules.health import (
-    TIME_BASED_CLASSES,
-    Classification,
-    HealthVerdict,
-    TurnRefusalMemory,
-)
 from governance.rules.payloads import ToolCallPayload
 from governance.rules.progress import classify_turn
 from governance.rules.provider_failures import INTERRUPTED, RETRYABLE_FAILURE_CLASSES
 from governance.rules.refusal import RULE_TEXT, ProviderRefusal
+from governance.rules.refusal_memory import TurnRefusalMemory
 from governance.rules.routing import (
     AttemptOutcome,
     TurnOutcome,

@@ -13,18 +13,19 @@ from governance.models import (
     Provider,
     ProviderHealthState,
 )
-from governance.rules import health as health_rules
+from governance.rules import breaker as breaker_rules
+from governance.rules.classification import Classification
 from governance.rules.turns import HealthMove
 from governance.services import statements as sql
 
 
 def provider_health(
     provider: Provider, row: ProviderHealthState | None
-) -> health_rules.ProviderHealth:
+) -> breaker_rules.ProviderHealth:
     """The breaker row as the pure value the health rules read (R2.2)."""
     if row is None:
-        return health_rules.ProviderHealth(provider_id=provider.provider_id)
-    return health_rules.ProviderHealth(
+        return breaker_rules.ProviderHealth(provider_id=provider.provider_id)
+    return breaker_rules.ProviderHealth(
         provider_id=provider.provider_id,
         breaker=row.breaker,
         consecutive_failures=row.consecutive_failures,
@@ -60,8 +61,8 @@ def providers_with_health(provider_ids: Sequence[str]) -> sql.Later[dict[str, Pr
     )
 
 
-def breaker_policy(provider: Provider) -> health_rules.BreakerPolicy:
-    return health_rules.BreakerPolicy(
+def breaker_policy(provider: Provider) -> breaker_rules.BreakerPolicy:
+    return breaker_rules.BreakerPolicy(
         failure_threshold=provider.failure_threshold,
         base_cooldown=timedelta(seconds=provider.base_cooldown_s),
         max_cooldown=timedelta(seconds=max(provider.max_cooldown_s, provider.base_cooldown_s)),
@@ -74,7 +75,7 @@ def health_verdicts(providers: Sequence[Provider], now: datetime) -> dict[str, A
         row, _ = ProviderHealthState.objects.select_related("provider").get_or_create(
             provider=provider
         )
-        verdicts[provider.provider_id] = health_rules.health_verdict(
+        verdicts[provider.provider_id] = breaker_rules.health_verdict(
             provider_health(provider, row),
             now,
             provider.config_fingerprint(),
@@ -98,7 +99,7 @@ def health_rows_later(providers: Iterable[Provider]) -> sql.Later[dict[Any, Prov
 
 def record_provider_result(
     provider: Provider,
-    classification: health_rules.Classification | None,
+    classification: Classification | None,
     now: datetime,
     *,
     error: str = "",
@@ -108,7 +109,7 @@ def record_provider_result(
     """R2.2: move the breaker on a time-based failure or a success (row lock).
 
     A success that changes nothing but a recent "last success" is not written
-    (``health_rules.health_changed``): the unlocked read decides, so healthy
+    (``breaker_rules.health_changed``): the unlocked read decides, so healthy
     traffic never queues on the provider's row. ``read``: that unlocked read,
     made already in this transaction (:func:`health_rows_later`).
     """
@@ -116,8 +117,8 @@ def record_provider_result(
     def moved(row: ProviderHealthState | None) -> tuple[Any, Any]:
         value = provider_health(provider, row)
         if classification is None or classification.failure_class is None:
-            return value, health_rules.record_success(value, now)
-        return value, health_rules.record_failure(
+            return value, breaker_rules.record_success(value, now)
+        return value, breaker_rules.record_failure(
             value,
             classification,
             now,
@@ -129,7 +130,7 @@ def record_provider_result(
     if read is None:
         read = health_rows_later([provider]).value()
     current = read.get(provider.pk)
-    if current is not None and not health_rules.health_changed(*moved(current)):
+    if current is not None and not breaker_rules.health_changed(*moved(current)):
         return
     with transaction.atomic(savepoint=False):
         row = ProviderHealthState.objects.select_for_update().filter(provider=provider).first()

@@ -5,7 +5,7 @@ come here. A provider names the *environment variable* that holds its key
 (``api_key_env``), never the key: nothing here reads, stores or returns a key.
 Each change is audited with the fields it changed.
 
-A scripted provider's script is checked by its adapter's validator in the
+A script kind's script is checked by its adapter's ``check_script`` in the
 caller (``tasks/`` is above this layer); here it only has to be an object.
 """
 
@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
 
+from governance import provider_kinds
 from governance.models import Provider
 from governance.rules.refusal import (
     RefusalError,
@@ -35,7 +36,6 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_NAME_MAX = 100
 MODEL_MAX = 200
 BASE_URL_MAX = 200
-HTTP_KINDS = (Provider.Kind.OPENAI, Provider.Kind.ANTHROPIC)
 
 # Ranges of the numeric settings: (low, high), inclusive.
 RANGES: dict[str, tuple[float, float]] = {
@@ -91,13 +91,14 @@ class ProviderExists(ServiceError):
 def _check(values: dict[str, Any]) -> None:
     """The whole configuration, as it would be stored; raises ServiceError naming a field."""
     kind = values["kind"]
-    if kind not in Provider.Kind.values:
-        raise ServiceError("kind", f"must be one of {', '.join(Provider.Kind.values)}")
+    spec = provider_kinds.kind(kind)
+    if spec is None:
+        raise ServiceError("kind", f"must be one of {', '.join(provider_kinds.names())}")
     model = values["model"]
     if not isinstance(model, str) or not model.strip() or len(model) > MODEL_MAX:
         raise ServiceError("model", f"name the model (1 to {MODEL_MAX} characters)")
     base_url = values["base_url"] or ""
-    if kind in HTTP_KINDS:
+    if spec.has_server:
         if not base_url:
             raise ServiceError("base_url", f"a {kind} provider needs the server's base URL")
         if len(base_url) > BASE_URL_MAX:
@@ -117,13 +118,14 @@ def _check(values: dict[str, Any]) -> None:
             "api_key_env",
             "the NAME of an environment variable (letters, digits, _), never the key itself",
         )
-    if kind == Provider.Kind.SCRIPTED:
+    if spec.has_script:
         if not isinstance(values["script"], dict):
-            raise ServiceError("script", "a scripted provider needs its script (an object)")
+            raise ServiceError("script", f"a {kind} provider needs its script (an object)")
         if key_env:
-            raise ServiceError("api_key_env", "a scripted provider has no key")
+            raise ServiceError("api_key_env", f"a {kind} provider has no key")
     elif values["script"] is not None:
-        raise ServiceError("script", f"only a scripted provider has a script, not {kind}")
+        scripted = ", ".join(k.name for k in provider_kinds.KINDS.values() if k.has_script)
+        raise ServiceError("script", f"only a {scripted} provider has a script, not {kind}")
     for name, (low, high) in RANGES.items():
         value = values[name]
         if (

@@ -20,8 +20,9 @@ from governance.models import (
     Stage,
     TurnRefusalMemo,
 )
-from governance.rules import health as health_rules
+from governance.rules import refusal_memory
 from governance.rules.refusal import (
+    REFUSAL_SCOPE_TTL,
     ProviderRefusal,
     ReprobeSchedules,
     ScheduleChoice,
@@ -181,16 +182,18 @@ def remember_turn_refusal(provider: Provider, request_digest: str, now: datetime
 
 def turn_memory(
     provider_ids: Sequence[str], now: datetime
-) -> sql.Later[health_rules.TurnRefusalMemory]:
+) -> sql.Later[refusal_memory.TurnRefusalMemory]:
     """R2.3: the requests each provider refused recently (the turn-level memory)."""
     shape = _memo_columns()
-    since = now - health_rules.REFUSAL_SCOPE_TTL
+    since = now - REFUSAL_SCOPE_TTL
 
-    def remembered(rows: list) -> health_rules.TurnRefusalMemory:
-        memory = health_rules.TurnRefusalMemory()
+    def remembered(rows: list) -> refusal_memory.TurnRefusalMemory:
+        memory = refusal_memory.TurnRefusalMemory()
         for row in rows:
             request_digest, refused_at = shape.values(row, 1)
-            memory = health_rules.remember_turn_refusal(memory, row[0], request_digest, refused_at)
+            memory = refusal_memory.remember_turn_refusal(
+                memory, row[0], request_digest, refused_at
+            )
         return memory
 
     return sql.Later(

@@ -35,11 +35,11 @@ from governance.models import (
     ThreadSession,
     ToolReceipt,
 )
+from governance.rules import breaker as breaker_rules
 from governance.rules import budget as budget_rules
 from governance.rules import claims as claim_rules
-from governance.rules import health as health_rules
 from governance.rules import publication as pub
-from governance.rules import routing, run_clocks
+from governance.rules import refusal_memory, routing, run_clocks
 from governance.rules import turns as turn_rules
 from governance.rules.authority import FactKind
 from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE
@@ -292,9 +292,9 @@ class TurnContext:
     providers: dict[str, Provider]
     refusals: dict[str, ProviderRefusal]
     health: dict[str, Any]
-    memory: health_rules.TurnRefusalMemory
+    memory: refusal_memory.TurnRefusalMemory
     publication: pub.Publication
-    delays: ReprobeSchedules  # R3.2's default, and each provider's own (issue 12)
+    delays: ReprobeSchedules  # R3.2's default, and each provider's own
     last_progress_at: datetime
     plan: turn_rules.TurnPlan  # the increment and the route, from these facts
     # Ledger draws admitted with the claim, by key (the turn's first request):
@@ -331,7 +331,7 @@ def _turn_reads(run: Run, stage: Stage, now: datetime) -> Callable[[], TurnConte
         verdicts = {}
         for provider in providers.values():
             value = provider_health(provider, _health_row(provider))
-            verdicts[provider.provider_id] = health_rules.health_verdict(
+            verdicts[provider.provider_id] = breaker_rules.health_verdict(
                 value, now, provider.config_fingerprint(), enabled=provider.enabled
             )
         chunks = committed.value() if committed is not None else ()
@@ -339,7 +339,7 @@ def _turn_reads(run: Run, stage: Stage, now: datetime) -> Callable[[], TurnConte
             "history": history.value(),
             "refusals": refusals.value(),
             "memory": memory.value(),
-            # R3.2's default and each provider's own schedule (issue 12), from the
+            # R3.2's default and each provider's own schedule, from the
             # providers read above: no query of its own.
             "delays": reprobe_schedules(providers.values()),
         }

@@ -3,7 +3,8 @@ events, SSE parsing, tool-call assembly, httpx timeouts and the mapping of
 transport failures to evidence.
 
 Nothing here classifies: an attempt only *records* what it saw (status, codes,
-which clock fired, whether the body completed) and ``governance.rules.health``
+which clock fired, whether the body completed), its adapter reads that into
+``AttemptEvidence`` (``_evidence.py``) and ``governance.rules.classification``
 names the class.
 """
 
@@ -12,23 +13,26 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import httpx
 
-from governance.rules.health import AttemptEvidence
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
+from governance.rules.tools import tool_name_of
 from tasks.adapters.base import (
     CallLimits,
     Clock,
     OnEvent,
     ProviderConfig,
+    ProviderRequest,
     ProviderResponse,
+    ReadEvidence,
     StreamEvent,
     StreamEventKind,
     ToolCall,
+    WireAnswer,
 )
 
 # R6.1: only what the run can use counts as business progress. Headers,
@@ -48,6 +52,16 @@ TimeoutName = Literal["stage_timeout", "no_progress", "deadline_exceeded"]
 
 class MalformedStream(Exception):
     """The provider sent bytes that are not the protocol (e.g. a data line that is not JSON)."""
+
+
+def tool_names_back(request: ProviderRequest, response: ProviderResponse) -> ProviderResponse:
+    """The model's calls by the tools' own names (the wire names read back)."""
+    if request.tool_names and response.tool_calls:
+        response.tool_calls = tuple(
+            replace(call, name=tool_name_of(call.name, request.tool_names))
+            for call in response.tool_calls
+        )
+    return response
 
 
 # --------------------------------------------------------------------------- clocks
@@ -222,14 +236,16 @@ class ToolCallAssembler:
 class Attempt:
     """Everything one attempt observed; ``response()`` turns it into the result.
 
-    Fields named like ``AttemptEvidence`` are reported there verbatim.
-    ``status_in_evidence`` is False for a failure carried by a stream error
-    event after a 200: the 200 does not explain that failure (health reads a
-    content-policy code without a status as a refusal, R2.4).
+    Fields named like ``WireAnswer``'s are reported there verbatim, and
+    ``read_evidence`` (the adapter's own, R2.4) reads that answer into the
+    evidence. ``status_in_evidence`` is False for a failure carried by a
+    stream error event after a 200: the 200 does not explain that failure
+    (the OpenAI adapter reads a content-policy code without a status as a
+    refusal, R2.4).
     """
 
-    def __init__(self, adapter: Literal["openai", "anthropic", "scripted"], rec: StreamRecorder):
-        self.adapter: Literal["openai", "anthropic", "scripted"] = adapter
+    def __init__(self, read_evidence: ReadEvidence, rec: StreamRecorder):
+        self.read_evidence = read_evidence
         self.rec = rec
         self.status_code: int | None = None
         self.status_in_evidence = True
@@ -316,9 +332,8 @@ class Attempt:
         text = "".join(self.refusal_parts)
         return text or None
 
-    def evidence(self) -> AttemptEvidence:
-        return AttemptEvidence(
-            adapter=self.adapter,
+    def answer(self) -> WireAnswer:
+        return WireAnswer(
             status_code=self.status_code if self.status_in_evidence else None,
             error_code=self.error_code,
             error_message=self.error_message,
@@ -337,6 +352,7 @@ class Attempt:
         complete = self.body_complete and self.timeout_name is None and not self.error_code
         # An incomplete tool call must never be executed: only a complete body yields calls.
         tool_calls = self.tools.finish() if complete else ()
+        answer = self.answer()
         if not self.error and self.refusal_text:
             self.error = f"refused: {self.refusal_text}"
         reason = self.finish_reason or self.stop_reason
@@ -350,7 +366,8 @@ class Attempt:
             latency_ms=self.rec.elapsed_ms(),
             response_model=self.response_model,
             events=self.rec.events,
-            evidence=self.evidence(),
+            evidence=self.read_evidence(answer),
+            answer=answer,
             error=self.error,
             timeout_name=self.timeout_name,
         )
@@ -540,6 +557,21 @@ def _name_read_timeout(attempt: Attempt, bound: ReadBound) -> None:
         attempt.cut(name)
 
 
+def _error_answer(response: httpx.Response, parser: WireParser, attempt: Attempt) -> None:
+    """A non-2xx answer: its Retry-After and its error body (read only so far) are evidence."""
+    attempt.retry_after = retry_after_header(response.headers)
+    raw = _read_capped(response)
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = {"error": raw.decode("utf-8", "replace")[:500] or None}
+    parser.on_error_body(obj, attempt)
+    if not attempt.error:
+        attempt.error = (
+            f"HTTP {response.status_code} {attempt.error_code or ''}: {attempt.error_message or ''}"
+        ).strip()
+
+
 def stream_http(
     attempt: Attempt,
     parser: WireParser,
@@ -562,18 +594,7 @@ def stream_http(
         with client.stream("POST", url, json=body, headers=headers) as response:
             attempt.headers(response.status_code)
             if not 200 <= response.status_code < 300:
-                attempt.retry_after = retry_after_header(response.headers)
-                raw = _read_capped(response)
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    obj = {"error": raw.decode("utf-8", "replace")[:500] or None}
-                parser.on_error_body(obj, attempt)
-                if not attempt.error:
-                    attempt.error = (
-                        f"HTTP {response.status_code} {attempt.error_code or ''}: "
-                        f"{attempt.error_message or ''}"
-                    ).strip()
+                _error_answer(response, parser, attempt)
                 return
             if (name := rec.limit_hit()) is not None:
                 attempt.cut(name)

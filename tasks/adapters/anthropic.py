@@ -18,8 +18,10 @@ Wire format:
 * non-2xx: ``{"type": "error", "error": {"type", "message"}}``, ``Retry-After``;
   529 is "overloaded".
 
-R2.4 refusal evidence is ``stop_reason == "refusal"``; classification is
-``governance.rules.health``'s job.
+R2.4 refusal evidence is ``stop_reason == "refusal"``, read by
+``read_evidence`` into the evidence's refusal category; classification is
+``governance.rules.classification``'s job. A content-policy code is no refusal here:
+on a 400 it is a bad request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from governance.rules.classification import AttemptEvidence
 from tasks.adapters._common import (
     Attempt,
     MalformedStream,
@@ -41,8 +44,11 @@ from tasks.adapters._common import (
     obj,
     stream_http,
     text_of,
+    tool_names_back,
 )
+from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
+    Adapter,
     CallLimits,
     ChatMessage,
     Clock,
@@ -50,11 +56,18 @@ from tasks.adapters.base import (
     ProviderConfig,
     ProviderRequest,
     ProviderResponse,
+    WireAnswer,
 )
 
-__all__ = ["ANTHROPIC_VERSION", "build_body", "call_anthropic"]
+__all__ = ["ADAPTER", "ANTHROPIC_VERSION", "build_body", "call_anthropic", "read_evidence"]
 
 ANTHROPIC_VERSION = "2023-06-01"
+
+
+def read_evidence(answer: WireAnswer) -> AttemptEvidence:
+    """An Anthropic answer as evidence (R2.1, R2.4: ``stop_reason "refusal"``)."""
+    category = "refusal" if answer.stop_reason == "refusal" else None
+    return evidence_from(answer, refusal_category=category)
 
 
 def _blocks(message: ChatMessage, request: ProviderRequest) -> list[dict[str, Any]]:
@@ -224,7 +237,7 @@ def call_anthropic(
     headers["anthropic-version"] = ANTHROPIC_VERSION
     if config.api_key:
         headers["x-api-key"] = config.api_key
-    attempt = Attempt("anthropic", StreamRecorder(clock, limits, on_event))
+    attempt = Attempt(read_evidence, StreamRecorder(clock, limits, on_event))
     stream_http(
         attempt,
         _AnthropicParser(),
@@ -236,3 +249,13 @@ def call_anthropic(
         transport=transport,
     )
     return attempt.response()
+
+
+def _call(config, request, *, limits, clock, on_event, transport, script_state) -> ProviderResponse:
+    response = call_anthropic(
+        config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
+    )
+    return tool_names_back(request, response)
+
+
+ADAPTER = Adapter(call=_call, read_evidence=read_evidence)

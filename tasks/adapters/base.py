@@ -1,9 +1,12 @@
 """What every provider adapter takes and returns.
 
 An adapter is a real client of one wire protocol. It never decides anything:
-it performs one request, streams the response, and reports what it observed
-as ``AttemptEvidence`` (classified by ``governance.rules.health``) plus the stream
-events the clocks need (R6.1: heartbeats are not progress).
+it performs one request, streams the response, keeps what the wire showed in
+its vendor's words (``WireAnswer``), reads that into ``AttemptEvidence``
+(R2.4: its vendor's refusal, its error codes; classified by
+``governance.rules.classification``) and reports the stream events the clocks need
+(R6.1: heartbeats are not progress). ``Adapter`` is one kind's entry in the
+registry (``tasks/adapters/__init__.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from governance.rules.health import AttemptEvidence
+from governance.rules.classification import AttemptEvidence, TransportError
 from governance.rules.tools import wire_name as _wire_name
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -47,7 +50,7 @@ class ToolSpec:
 @dataclass(frozen=True)
 class ProviderConfig:
     provider_id: str
-    kind: Literal["openai", "anthropic", "scripted"]
+    kind: str  # a name of governance.provider_kinds, with its adapter in the registry
     model: str
     base_url: str = ""
     api_key: str | None = None  # resolved from the env var named on the provider row
@@ -79,6 +82,32 @@ class StreamEvent:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class WireAnswer:
+    """What one attempt's wire showed, in its vendor's words: the adapter's
+    raw material for ``AttemptEvidence`` (its ``read_evidence``), kept on the
+    response for people and tests. No rule reads it.
+
+    ``status_code`` is None for a failure carried by a stream error event
+    after a 200: the 200 does not explain that failure. ``finish_reason`` and
+    ``message_refusal`` are OpenAI's words, ``stop_reason`` Anthropic's,
+    ``scripted_refusal_category`` the scripted provider's declared refusal.
+    """
+
+    status_code: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    finish_reason: str | None = None
+    message_refusal: str | None = None
+    stop_reason: str | None = None
+    scripted_refusal_category: str | None = None
+    transport_error: TransportError | None = None
+    headers_received: bool = False
+    body_complete: bool = True
+    deadline_evidence: bool = False
+    retry_after: str | float | None = None
+
+
 @dataclass
 class ProviderResponse:
     text: str = ""
@@ -90,6 +119,7 @@ class ProviderResponse:
     response_model: str | None = None
     events: list[StreamEvent] = field(default_factory=list)
     evidence: AttemptEvidence | None = None  # always set by the adapter
+    answer: WireAnswer | None = None  # what the evidence was read from (always set)
     error: str = ""  # human words for the dashboard when something went wrong
     timeout_name: str | None = None  # "stage_timeout" / "no_progress" / "deadline_exceeded"
 
@@ -113,3 +143,36 @@ class CallLimits:
 
 
 OnEvent = Callable[[StreamEvent], None]
+
+
+ReadEvidence = Callable[[WireAnswer], AttemptEvidence]
+
+
+class AdapterCall(Protocol):
+    """One attempt (``tasks.adapters.call_provider`` passes every argument;
+    a kind uses the ones it needs: ``transport`` for HTTP, ``script_state``
+    for a script)."""
+
+    def __call__(
+        self,
+        config: ProviderConfig,
+        request: ProviderRequest,
+        *,
+        limits: CallLimits,
+        clock: Clock,
+        on_event: OnEvent | None,
+        transport: Any,
+        script_state: Any,
+    ) -> ProviderResponse: ...
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One provider kind's entry in the registry: ``call`` performs an attempt;
+    ``read_evidence`` is its reading of its vendor's answer (R2.1, R2.4), the
+    same one ``call`` uses; ``check_script``, for a kind whose configuration
+    is a script, raises ValueError naming what in a script would not run."""
+
+    call: AdapterCall
+    read_evidence: ReadEvidence
+    check_script: Callable[[Any], None] | None = None

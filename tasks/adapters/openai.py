@@ -16,8 +16,9 @@ Wire format (what real servers send, and what the tests' loopback servers speak)
 
 R2.4 refusal evidence: ``finish_reason == "content_filter"``, a non-empty
 ``delta.refusal`` / ``message.refusal``, or a content-policy error code (on a
-400, or in a stream error chunk, which carries no status). The adapter only
-reports them; ``governance.rules.health.classify_attempt`` decides.
+400, or in a stream error chunk, which carries no status). ``read_evidence``
+reads them into the evidence's refusal category;
+``governance.rules.classification.classify_attempt`` decides.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from governance.rules.classification import AttemptEvidence
 from tasks.adapters._common import (
     Attempt,
     MalformedStream,
@@ -39,8 +41,11 @@ from tasks.adapters._common import (
     load_json,
     obj,
     stream_http,
+    tool_names_back,
 )
+from tasks.adapters._evidence import evidence_from, normalized_code
 from tasks.adapters.base import (
+    Adapter,
     CallLimits,
     ChatMessage,
     Clock,
@@ -48,9 +53,42 @@ from tasks.adapters.base import (
     ProviderConfig,
     ProviderRequest,
     ProviderResponse,
+    WireAnswer,
 )
 
-__all__ = ["build_body", "call_openai"]
+__all__ = ["ADAPTER", "CONTENT_POLICY_ERROR_CODES", "build_body", "call_openai", "read_evidence"]
+
+# R2.4: OpenAI-compatible error codes that mean "the content", not "the request"
+# (OpenAI's, Azure OpenAI's). Compared case-insensitively.
+CONTENT_POLICY_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "content_policy_violation",
+        "content_filter",
+        "content_policy",
+        "responsible_ai_policy_violation",
+        "responsibleaipolicyviolation",
+    }
+)
+
+
+def refusal_category(answer: WireAnswer) -> str | None:
+    """R2.4, OpenAI-compatible: the category of a refusal answer, or None."""
+    if answer.finish_reason == "content_filter":
+        return "content_filter"
+    if answer.message_refusal is not None and answer.message_refusal.strip():
+        return "refusal"
+    code = normalized_code(answer.error_code)
+    # A content-policy code on an HTTP 400 (or on a stream error event that
+    # carries no status) is about the content, not a malformed request; on
+    # another status the status decides.
+    if code in CONTENT_POLICY_ERROR_CODES and answer.status_code in (400, None):
+        return "content_filter" if code == "content_filter" else "policy"
+    return None
+
+
+def read_evidence(answer: WireAnswer) -> AttemptEvidence:
+    """An OpenAI-compatible answer as evidence (R2.1, R2.4)."""
+    return evidence_from(answer, refusal_category=refusal_category(answer))
 
 
 def _message(message: ChatMessage, request: ProviderRequest) -> dict[str, Any]:
@@ -193,7 +231,7 @@ def call_openai(
     headers = base_headers(request.idempotency_key)
     if config.api_key:
         headers["Authorization"] = f"Bearer {config.api_key}"
-    attempt = Attempt("openai", StreamRecorder(clock, limits, on_event))
+    attempt = Attempt(read_evidence, StreamRecorder(clock, limits, on_event))
     stream_http(
         attempt,
         _OpenAIParser(),
@@ -204,3 +242,13 @@ def call_openai(
         transport=transport,
     )
     return attempt.response()
+
+
+def _call(config, request, *, limits, clock, on_event, transport, script_state) -> ProviderResponse:
+    response = call_openai(
+        config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
+    )
+    return tool_names_back(request, response)
+
+
+ADAPTER = Adapter(call=_call, read_evidence=read_evidence)

@@ -2,7 +2,7 @@
 
 Used by the demo and the tests to produce every kind of provider behaviour
 on demand, without a network. It reports ``AttemptEvidence`` exactly as an
-HTTP adapter would (adapter ``"scripted"``), so the same classifier and the
+HTTP adapter would (kind ``"scripted"``), so the same classifier and the
 same clocks apply.
 
 Script format (JSON)::
@@ -38,7 +38,8 @@ Actions:
   text, then the calls; ``finish_reason "tool_calls"``. Call ids are derived
   from the provider, rule and request bytes, so they are deterministic.
 * ``"refuse": {"category": "policy", "text": "I can't help with that."}`` —
-  a declared refusal (R2.4: ``scripted_refusal_category``).
+  a declared refusal (R2.4: ``scripted_refusal_category``, read as the
+  evidence's refusal category).
 * ``"fail": {"status": 503, "code": "overloaded", "message": "...",
   "retry_after": "30"}`` — an HTTP error; or ``"fail": {"transport":
   "connect_error"}`` (``connect_timeout``, ``read_timeout``,
@@ -89,24 +90,29 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from governance.rules.health import TRANSPORT_ERRORS
+from governance.rules.classification import TRANSPORT_ERRORS, AttemptEvidence
 from tasks.adapters._common import Attempt, StreamRecorder
+from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
+    Adapter,
     CallLimits,
     Clock,
     OnEvent,
     ProviderConfig,
     ProviderRequest,
     ProviderResponse,
+    WireAnswer,
 )
 
 __all__ = [
     "ACTIONS",
+    "ADAPTER",
     "DEFAULT_SCRIPT_STATE",
     "AdjustableClock",
     "InMemoryScriptState",
     "ScriptState",
     "call_scripted",
+    "read_evidence",
     "validate_script",
 ]
 
@@ -511,6 +517,11 @@ def _run_action(run: _Run, action: dict[str, Any], names: dict[str, str], ids_se
             run.complete("stop", then.get("text", ""))
 
 
+def read_evidence(answer: WireAnswer) -> AttemptEvidence:
+    """A scripted answer as evidence (R2.1; R2.4: the refusal its script declared)."""
+    return evidence_from(answer, refusal_category=answer.scripted_refusal_category)
+
+
 def call_scripted(
     config: ProviderConfig,
     request: ProviderRequest,
@@ -527,7 +538,7 @@ def call_scripted(
     state = script_state if script_state is not None else DEFAULT_SCRIPT_STATE
     if not isinstance(state, ScriptState):
         raise ValueError("script_state must have incr(key) -> int")
-    attempt = Attempt("scripted", StreamRecorder(clock, limits, on_event))
+    attempt = Attempt(read_evidence, StreamRecorder(clock, limits, on_event))
     attempt.response_model = request.model or config.model
     run = _Run(attempt, request)
     if run.stopped():
@@ -545,3 +556,13 @@ def call_scripted(
         seed = f"{config.provider_id}|{index}|{_request_digest(request)}"
         _run_action(run, rule, names, seed)
     return attempt.response()
+
+
+def _call(config, request, *, limits, clock, on_event, transport, script_state) -> ProviderResponse:
+    # The script names the tools by their own names: nothing to read back.
+    return call_scripted(
+        config, request, limits=limits, clock=clock, on_event=on_event, script_state=script_state
+    )
+
+
+ADAPTER = Adapter(call=_call, read_evidence=read_evidence, check_script=validate_script)

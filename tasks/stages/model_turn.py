@@ -19,7 +19,7 @@ from django.conf import settings
 from governance import time_source
 from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
-from governance.rules.health import classify_attempt
+from governance.rules.classification import classify_attempt
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
@@ -60,7 +60,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     increment = context.plan.increment
     providers = context.providers
     offered = turns.offered_tools(segment.tool_surface, final=final)
-    tools, tool_names = offered_specs(offered)  # built-ins and registry tools (issue 11)
+    tools, tool_names = offered_specs(offered)  # built-ins and registry tools
     progress = _Progress(run, context.last_progress_at)
     recovery = stage.typed_payload.recovery  # R5.3: a recovery's draws are keyed apart
     calls: list[turns.TurnCall] = []

@@ -5,7 +5,7 @@ an external effect may have happened, verifies it by key instead of replaying
 it (``rules.tools.receipt_step``). The call is admitted from the run's one
 ledger (and web searches from their own quota) before it is made.
 
-A registry tool (issue 11: an MCP server's ``"{server}.{tool}"`` or an HTTP
+A registry tool (an MCP server's ``"{server}.{tool}"`` or an HTTP
 tool) runs the same way; its receipt also names its server, the schema
 version the call was made against and its effect class, and that class (not
 the built-ins' list) says whether an effect may have happened (R6.4).

@@ -24,7 +24,7 @@ def execute(run: Run, stage: Stage):
     verdicts = []
     for key in payload.keys:
         receipt = ToolReceipt.objects.get(idempotency_key=key)
-        if receipt.server:  # a registry tool (issue 11): its own contract, or none
+        if receipt.server:  # a registry tool: its own contract, or none
             lookup, verifiable = registry_tools.verify(receipt)
         else:
             lookup, verifiable = verify_webhook(receipt.arguments, idempotency_key=key), True

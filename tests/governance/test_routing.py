@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governance.rules.health import HealthVerdict, TurnRefusalMemory, remember_turn_refusal
+from governance.rules.breaker import HealthVerdict
 from governance.rules.refusal import (
     MAX_REFUSAL_REPROBES,
     RULE_TEXT,
@@ -18,6 +18,7 @@ from governance.rules.refusal import (
     refusal_verdict,
     segment_key,
 )
+from governance.rules.refusal_memory import TurnRefusalMemory, remember_turn_refusal
 from governance.rules.routing import (
     AttemptOutcome,
     Candidate,

@@ -22,14 +22,14 @@ from hypothesis import strategies as st
 from governance.rules import publication as pub
 from governance.rules.answers import Answer
 from governance.rules.authority import FactKind, Owner, OwnerFact
-from governance.rules.decision_table import Decision, Path, needs_recovery_conditions, next_path
-from governance.rules.health import (
+from governance.rules.breaker import HealthVerdict
+from governance.rules.classification import (
     TIME_BASED_CLASSES,
     AttemptEvidence,
     Classification,
-    HealthVerdict,
     classify_attempt,
 )
+from governance.rules.decision_table import Decision, Path, needs_recovery_conditions, next_path
 from governance.rules.payloads import ToolCallPayload, TurnPayload
 from governance.rules.provider_failures import TRANSIENT_FAILURE_CLASSES
 from governance.rules.recovery import RecoveryConditions, RunAuthorization
@@ -84,11 +84,11 @@ CHAIN = (ChainEntry("a", "model-a"), ChainEntry("b", "model-b"))
 
 
 def classify(**evidence: Any) -> Classification:
-    return classify_attempt(AttemptEvidence("openai", **evidence), T0)
+    return classify_attempt(AttemptEvidence(**evidence), T0)
 
 
 OK = classify()
-REFUSAL = classify(finish_reason="content_filter")
+REFUSAL = classify(refusal_category="content_filter")
 SERVER_ERROR = classify(status_code=503)
 RATE_LIMITED = classify(status_code=429)
 AUTH = classify(status_code=401)

@@ -119,7 +119,7 @@ def test_r2_1_anthropic_streamed_answer_with_usage_is_a_success(wire):
     assert response.usage == {"input_tokens": 25, "output_tokens": 15}
     assert response.response_model == "claude-test-2025"
     assert kinds(response) == ["headers", "usage", "text", "text", "heartbeat", "usage", "finish"]
-    assert response.evidence.stop_reason == "end_turn"
+    assert response.answer.stop_reason == "end_turn"
     assert classify(response, clock).failure_class is None
 
 
@@ -264,7 +264,8 @@ def test_r2_4_anthropic_stop_reason_refusal_is_a_refusal(wire):
     """R2.4: stop_reason "refusal" → refusal with its category; never a health failure."""
     wire.reply(Reply(chunks=[message_start(), *text_block(0, "I can't"), *message_end("refusal")]))
     response, clock = call(wire.url)
-    assert response.evidence.stop_reason == "refusal"
+    assert response.answer.stop_reason == "refusal"
+    assert response.evidence.refusal_category == "refusal"  # read by the adapter
     assert response.finish_reason == "refusal"
     verdict = classify(response, clock)
     assert (verdict.failure_class, verdict.refusal_category) == ("refusal", "refusal")
@@ -291,7 +292,7 @@ def test_r2_1_anthropic_http_errors_are_classified(wire, status, kind, expected)
     wire.reply(json_reply(status, error_body(kind, "msg")))
     response, clock = call(wire.url)
     assert response.status_code == status
-    assert (response.evidence.error_code, response.evidence.error_message) == (kind, "msg")
+    assert (response.answer.error_code, response.answer.error_message) == (kind, "msg")
     assert classify(response, clock).failure_class == expected
 
 
@@ -318,7 +319,7 @@ def test_r2_1_anthropic_overloaded_error_event_mid_stream_is_server_error(wire):
     response, clock = call(wire.url)
     assert response.status_code == 200
     assert response.evidence.status_code is None  # the 200 did not explain this failure
-    assert response.evidence.error_code == "overloaded_error"
+    assert response.answer.error_code == "overloaded_error"
     assert response.text == "Part" and response.tool_calls == ()
     assert classify(response, clock).failure_class == "server_error"
 

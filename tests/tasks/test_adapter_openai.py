@@ -285,7 +285,8 @@ def test_r2_4_openai_finish_reason_content_filter_is_a_refusal(wire):
     """R2.4: finish_reason "content_filter" → refusal, category content_filter."""
     wire.reply(Reply(chunks=[chunk({"content": "I"}), chunk({}, finish="content_filter"), DONE]))
     response, clock = call(wire.url)
-    assert response.evidence.finish_reason == "content_filter"
+    assert response.answer.finish_reason == "content_filter"
+    assert response.evidence.refusal_category == "content_filter"  # read by the adapter
     verdict = classify(response, clock)
     assert (verdict.failure_class, verdict.refusal_category) == ("refusal", "content_filter")
     assert not verdict.moves_breaker
@@ -306,7 +307,8 @@ def test_r2_4_openai_delta_refusal_is_a_refusal_and_not_progress(wire):
     )
     response, clock = call(wire.url)
     assert response.text == ""
-    assert response.evidence.message_refusal == "I can't help with that."
+    assert response.answer.message_refusal == "I can't help with that."
+    assert response.evidence.refusal_category == "refusal"
     assert "text" not in kinds(response)
     verdict = classify(response, clock)
     assert (verdict.failure_class, verdict.refusal_category) == ("refusal", "refusal")
@@ -328,7 +330,7 @@ def test_r2_4_openai_message_refusal_in_a_non_streamed_body_is_a_refusal(wire):
     }
     wire.reply(json_reply(200, body))
     response, clock = call(wire.url)
-    assert response.evidence.message_refusal == "No."
+    assert response.answer.message_refusal == "No."
     assert response.usage == {"input_tokens": 5, "output_tokens": 1}
     verdict = classify(response, clock)
     assert (verdict.failure_class, verdict.refusal_category) == ("refusal", "refusal")
@@ -343,8 +345,8 @@ def test_r2_4_openai_400_with_a_content_policy_code_is_a_refusal(wire, code, cat
     wire.reply(json_reply(400, error_body(code, "Your request was flagged.")))
     response, clock = call(wire.url)
     assert response.status_code == 400
-    assert response.evidence.error_code == code
-    assert response.evidence.error_message == "Your request was flagged."
+    assert response.answer.error_code == code
+    assert response.answer.error_message == "Your request was flagged."
     verdict = classify(response, clock)
     assert (verdict.failure_class, verdict.refusal_category) == ("refusal", category)
 
@@ -411,7 +413,7 @@ def test_r2_1_openai_http_errors_are_classified_from_status_and_code(wire, statu
     wire.reply(json_reply(status, error_body(code, "msg")))
     response, clock = call(wire.url)
     assert response.status_code == status
-    assert response.evidence.error_code == (code or "invalid_request_error")
+    assert response.answer.error_code == (code or "invalid_request_error")
     assert str(status) in response.error
     assert classify(response, clock).failure_class == expected
 
@@ -420,7 +422,7 @@ def test_r2_1_openai_non_json_error_body_is_still_evidence(wire):
     """R2.1: a proxy's HTML 502 page is a server error with the text kept."""
     wire.reply(Reply(status=502, body=b"<html>Bad gateway</html>", content_type="text/html"))
     response, clock = call(wire.url)
-    assert "Bad gateway" in response.evidence.error_message
+    assert "Bad gateway" in response.answer.error_message
     assert classify(response, clock).failure_class == "server_error"
 
 

@@ -129,7 +129,8 @@ def test_r2_4_scripted_refusal_is_declared_by_trigger_with_its_category():
         ),
     )
     response, clock = run(script, request)
-    assert response.evidence.scripted_refusal_category == "policy"
+    assert response.answer.scripted_refusal_category == "policy"
+    assert response.evidence.refusal_category == "policy"  # read by the adapter
     assert response.text == "" and "Not this." in response.error
     assert "text" not in kinds(response)
     verdict = classify(response, clock)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from governance.rules.tools import wire_names
-from tasks.adapters import _tool_names_back
 from tasks.adapters import anthropic as anthropic_adapter
 from tasks.adapters import openai as openai_adapter
+from tasks.adapters._common import tool_names_back
 from tasks.adapters.base import (
     ChatMessage,
     ProviderConfig,
@@ -70,6 +70,6 @@ def test_a_models_call_is_read_back_under_the_tools_own_name():
     response = ProviderResponse(
         tool_calls=(ToolCall("c1", "files__read", {"path": "b"}), ToolCall("c2", "nope", {}))
     )
-    back = _tool_names_back(request(), response)
+    back = tool_names_back(request(), response)
     assert [c.name for c in back.tool_calls] == ["files.read", "nope"]  # nope: refused later
     assert back.tool_calls[0].arguments == {"path": "b"}

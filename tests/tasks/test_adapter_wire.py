@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from governance.rules.health import Classification, classify_attempt
+from governance.rules.classification import Classification, classify_attempt
 from tasks.adapters import AdjustableClock, call_provider
 from tasks.adapters._common import iter_sse
 from tasks.adapters.base import (

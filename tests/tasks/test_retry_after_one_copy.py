@@ -1,4 +1,4 @@
-"""Retry-After is read by one rule (``rules.health.parse_retry_after``) for the
+"""Retry-After is read by one rule (``rules.retry_after.parse_retry_after``) for the
 providers, the completion callbacks and the alert channels alike: a negative,
 non-finite or unreadable value is no instruction (None, the sender's own
 backoff applies), an HTTP date is read against the injected clock.

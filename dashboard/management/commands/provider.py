@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.api.providers import provider_json, script_problem
 from dashboard.management.text_table import text_table
-from governance import time_source
+from governance import provider_kinds, time_source
 from governance.models import Provider
 from governance.services import ServiceError
 from governance.services import providers as provider_services
@@ -40,7 +40,7 @@ OPTIONS = {
 COLUMNS = ("provider_id", "kind", "model", "enabled", "breaker", "key_env", "key", "base_url")
 
 
-def _script(path: str | None):
+def _script(path: str | None, kind: str):
     if path is None:
         return None
     try:
@@ -49,7 +49,7 @@ def _script(path: str | None):
         raise CommandError(f"--script: cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CommandError(f"--script: {path} is not JSON: {exc}") from None
-    problem = script_problem(script)
+    problem = script_problem(kind, script)
     if problem:
         raise CommandError(f"--script: {problem}")
     return script
@@ -80,13 +80,22 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True)
         add = actions.add_parser("add", help="add a provider")
         add.add_argument("provider_id")
-        add.add_argument("--kind", required=True, choices=Provider.Kind.values)
+        kinds = provider_kinds.KINDS.values()
+        add.add_argument("--kind", required=True, choices=provider_kinds.names())
         add.add_argument("--model", required=True)
-        add.add_argument("--base-url", default="", help="openai and anthropic kinds")
+        add.add_argument(
+            "--base-url",
+            default="",
+            help=" and ".join(k.name for k in kinds if k.has_server) + " kinds",
+        )
         add.add_argument(
             "--key-env", default="", help="NAME of the environment variable holding the key"
         )
-        add.add_argument("--script", help="scripted kind: a JSON file with the script")
+        add.add_argument(
+            "--script",
+            help=" and ".join(k.name for k in kinds if k.has_script)
+            + " kind: a JSON file with the script",
+        )
         add.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS")
         add.add_argument("--read-timeout", type=float, default=120.0, metavar="SECONDS")
         add.add_argument("--failure-threshold", type=int, default=3)
@@ -122,7 +131,7 @@ class Command(BaseCommand):
             model=options["model"],
             base_url=options["base_url"],
             api_key_env=options["key_env"],
-            script=_script(options["script"]),
+            script=_script(options["script"], options["kind"]),
             connect_timeout_s=options["connect_timeout"],
             read_timeout_s=options["read_timeout"],
             failure_threshold=options["failure_threshold"],
