@@ -57,88 +57,81 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
     if context is None:  # not read with the claim
         context = stage_service.turn_context(run, stage, start)
     segment = context.segment
-    increment = context.plan.increment
-    providers = context.providers
-    offered = turns.offered_tools(segment.tool_surface, final=final)
-    tools, tool_names = offered_specs(offered)  # built-ins and registry tools
     progress = _Progress(run, context.last_progress_at)
-    recovery = stage.typed_payload.recovery  # R5.3: a recovery's draws are keyed apart
-    calls: list[turns.TurnCall] = []
-    steps: dict[str, int] = {}
+    sender = _Sender(run, stage, context, progress, final=final)
+    outcome = routing.drive_turn(
+        context.plan.route,
+        sender.send,
+        segment_key=segment.key,
+        refusals=context.refusals,
+        has_unaccepted_increment=context.plan.has_unaccepted_increment,
+        now=start,
+        delays=context.delays,
+    )
+    facts = turns.TurnFacts(
+        run_id=str(run.id),
+        stage_id=stage.id,
+        goal=run_goal(run),
+        final=final,
+        increment=tuple(context.plan.increment),
+        tool_surface=tuple(segment.tool_surface),
+        segment_key=segment.key,
+        publication=context.publication,
+    )
+    now = time_source.now()
+    conclusion = turns.conclude_turn(facts, sender.calls, outcome, now)
+    closed = stage_service.close_stage(
+        stage, conclusion, now, run=run, context=context, last_progress_at=progress.at
+    )
+    for name, amount in conclusion.counts.items():
+        spans.count(name, amount)
+    return conclusion.outcome, closed
 
-    def send(candidate: routing.Candidate, kind: str) -> routing.AttemptOutcome:
-        provider = providers[candidate.provider_id]
-        step = steps[candidate.provider_id] = steps.get(candidate.provider_id, 0) + 1
+
+class _Sender:
+    """Sends what the refusal protocol asks for (``rules.routing.drive_turn``):
+    each request admitted from the run's one ledger first (R5), built from the
+    turn's parts at the re-render level the rules say (R3.1), given what is left
+    of the four clocks (R6.1), and recorded as a ``rules.turns.TurnCall``."""
+
+    def __init__(
+        self,
+        run: Run,
+        stage: Stage,
+        context: stage_service.TurnContext,
+        progress: _Progress,
+        *,
+        final: bool,
+    ) -> None:
+        self.run, self.stage, self.context, self.progress = run, stage, context, progress
+        self.final = final
+        offered = turns.offered_tools(context.segment.tool_surface, final=final)
+        self.tools, self.tool_names = offered_specs(offered)  # built-ins and registry tools
+        self.recovery = stage.typed_payload.recovery  # R5.3: a recovery's draws are keyed apart
+        self.calls: list[turns.TurnCall] = []
+        self.steps: dict[str, int] = {}
+
+    def send(self, candidate: routing.Candidate, kind: str) -> routing.AttemptOutcome:
+        provider = self.context.providers[candidate.provider_id]
+        step = self.steps[provider.provider_id] = self.steps.get(provider.provider_id, 0) + 1
         now = time_source.now()
-        draw = turns.turn_draw(
-            stage_id=stage.id, claim=stage.deliveries, provider_id=provider.provider_id,
-            kind=kind, step=step, recovery=recovery, final=final,
-        )  # fmt: skip
-        # The first request's draw was admitted with the claim; the others here.
-        admission = context.admitted.pop(draw.key, None) or ledger.admit(
-            run, draw.resource, draw.amount, draw.key, draw.purpose,
-            for_finalization=draw.for_finalization, now=now, stage=stage,
-        )  # fmt: skip
-        blocked = turns.dispatch_outcome(
-            # The stage began after checking for a stop; later sends ask again.
-            cancel_requested=bool(calls) and cancel_requested(run),
-            permitted=bool(run.authorization.get("recorded_at")),  # recorded at admission
-            budget_admitted=admission.admitted,
-        )
+        blocked = self._blocked(provider, kind, step, now)
         if blocked is not None:
             return blocked
-        level = turns.rerender_level(calls, provider.provider_id, kind)
-        parts = turns.attempt_parts(context.history, increment, kind, level)
+        level = turns.rerender_level(self.calls, provider.provider_id, kind)
+        parts = turns.attempt_parts(self.context.history, self.context.plan.increment, kind, level)
         request = ProviderRequest(
             model=candidate.model or provider.model,
             messages=tuple(
-                _message(m) for m in turns.request_messages(segment.system_prompt, parts)
+                _message(m)
+                for m in turns.request_messages(self.context.segment.system_prompt, parts)
             ),
-            tools=tools,
-            tool_names=tool_names,
-            idempotency_key=f"{run.id}:{stage.id}:{provider.provider_id}:{kind}:{step}",
+            tools=self.tools,
+            tool_names=self.tool_names,
+            idempotency_key=f"{self.run.id}:{self.stage.id}:{provider.provider_id}:{kind}:{step}",
         )
-        allowance = attempt_allowance(
-            now=now,
-            stage_budget_s=run.stage_budget_s,
-            deadline_at=run.deadline_at,
-            run_started_at=run.created_at,
-            last_progress_at=progress.at,
-            no_progress_limit_s=run.no_progress_limit_s,
-            own_allowance_since=stage.started_at if final else None,
-        )
-        with spans.attempt_span(
-            provider_id=provider.provider_id, kind=kind, model=request.model,
-            started_at=now, segment_key=segment.key,
-        ) as attempt:  # fmt: skip
-            response = call_provider(
-                _config(provider),
-                request,
-                limits=CallLimits(
-                    allowance.budget_s, allowance.no_progress_s, allowance.deadline_bound
-                ),
-                clock=time_source.current(),
-                on_event=progress.seen,
-                transport=shared_transport(),
-            )
-            ended = time_source.now()
-            classification = classify_attempt(response.evidence, ended)
-            verdict = refusal_verdict(
-                context.refusals.get(provider.provider_id), now, context.delays
-            )
-            attempt.finish(
-                ended,
-                {
-                    "gen_ai.response.finish_reasons": [response.finish_reason or ""],
-                    "gen_ai.usage.input_tokens": response.usage.get("input_tokens", 0),
-                    "gen_ai.usage.output_tokens": response.usage.get("output_tokens", 0),
-                    "governance.refusal.verdict": verdict.state,
-                    "governance.refusal.reprobes": verdict.reprobes,
-                    "governance.failure_class": classification.failure_class or "",
-                    "governance.run_id": str(run.id),
-                },
-            )
-        calls.append(
+        response, classification, ended = self._call(provider, kind, request, now)
+        self.calls.append(
             turns.TurnCall(
                 provider_id=provider.provider_id,
                 model=provider.model,
@@ -158,38 +151,78 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
                 usage=dict(response.usage),
                 error=response.error,
                 timeout_name=response.timeout_name or "",
-                tool_names=tool_names,
+                tool_names=self.tool_names,
             )
         )
         return turns.attempt_outcome(classification, response.timeout_name, ended)
 
-    outcome = routing.drive_turn(
-        context.plan.route,
-        send,
-        segment_key=segment.key,
-        refusals=context.refusals,
-        has_unaccepted_increment=context.plan.has_unaccepted_increment,
-        now=start,
-        delays=context.delays,
-    )
-    facts = turns.TurnFacts(
-        run_id=str(run.id),
-        stage_id=stage.id,
-        goal=run_goal(run),
-        final=final,
-        increment=tuple(increment),
-        tool_surface=tuple(segment.tool_surface),
-        segment_key=segment.key,
-        publication=context.publication,
-    )
-    now = time_source.now()
-    conclusion = turns.conclude_turn(facts, calls, outcome, now)
-    closed = stage_service.close_stage(
-        stage, conclusion, now, run=run, context=context, last_progress_at=progress.at
-    )
-    for name, amount in conclusion.counts.items():
-        spans.count(name, amount)
-    return conclusion.outcome, closed
+    def _blocked(
+        self, provider: Provider, kind: str, step: int, now: datetime
+    ) -> routing.AttemptOutcome | None:
+        """The request's draw admitted (R5), a stop and the permission asked (R4.3):
+        None when it may be sent, else what stopped it."""
+        run, stage = self.run, self.stage
+        draw = turns.turn_draw(
+            stage_id=stage.id, claim=stage.deliveries, provider_id=provider.provider_id,
+            kind=kind, step=step, recovery=self.recovery, final=self.final,
+        )  # fmt: skip
+        # The first request's draw was admitted with the claim; the others here.
+        admission = self.context.admitted.pop(draw.key, None) or ledger.admit(
+            run, draw.resource, draw.amount, draw.key, draw.purpose,
+            for_finalization=draw.for_finalization, now=now, stage=stage,
+        )  # fmt: skip
+        return turns.dispatch_outcome(
+            # The stage began after checking for a stop; later sends ask again.
+            cancel_requested=bool(self.calls) and cancel_requested(run),
+            permitted=bool(run.authorization.get("recorded_at")),  # recorded at admission
+            budget_admitted=admission.admitted,
+        )
+
+    def _call(self, provider: Provider, kind: str, request: ProviderRequest, now: datetime):
+        """The provider asked within what is left of the clocks (R6.1), in its
+        attempt span; the answer, its classification (R2.1) and when it ended."""
+        run, stage = self.run, self.stage
+        allowance = attempt_allowance(
+            now=now,
+            stage_budget_s=run.stage_budget_s,
+            deadline_at=run.deadline_at,
+            run_started_at=run.created_at,
+            last_progress_at=self.progress.at,
+            no_progress_limit_s=run.no_progress_limit_s,
+            own_allowance_since=stage.started_at if self.final else None,
+        )
+        with spans.attempt_span(
+            provider_id=provider.provider_id, kind=kind, model=request.model,
+            started_at=now, segment_key=self.context.segment.key,
+        ) as attempt:  # fmt: skip
+            response = call_provider(
+                _config(provider),
+                request,
+                limits=CallLimits(
+                    allowance.budget_s, allowance.no_progress_s, allowance.deadline_bound
+                ),
+                clock=time_source.current(),
+                on_event=self.progress.seen,
+                transport=shared_transport(),
+            )
+            ended = time_source.now()
+            classification = classify_attempt(response.evidence, ended)
+            verdict = refusal_verdict(
+                self.context.refusals.get(provider.provider_id), now, self.context.delays
+            )
+            attempt.finish(
+                ended,
+                {
+                    "gen_ai.response.finish_reasons": [response.finish_reason or ""],
+                    "gen_ai.usage.input_tokens": response.usage.get("input_tokens", 0),
+                    "gen_ai.usage.output_tokens": response.usage.get("output_tokens", 0),
+                    "governance.refusal.verdict": verdict.state,
+                    "governance.refusal.reprobes": verdict.reprobes,
+                    "governance.failure_class": classification.failure_class or "",
+                    "governance.run_id": str(run.id),
+                },
+            )
+        return response, classification, ended
 
 
 class _Progress:
