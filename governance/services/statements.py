@@ -27,6 +27,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import AutoField, BigAutoField, Field, Model, SmallAutoField
 from django.db.models.constants import OnConflict
 from django.db.models.fields.related_descriptors import ReverseOneToOneDescriptor
+from django.db.models.signals import pre_save
+from django.dispatch import receiver
 
 Row = tuple[Any, ...]
 T = TypeVar("T")
@@ -139,24 +141,44 @@ def together() -> Iterator[None]:
     set when the block ends.
 
     Inside, a statement's count of changed rows is not known: only writes
-    whose count nobody reads belong here — no ORM ``save()`` of an existing
-    row, no ``update_or_create``. Elsewhere (SQLite) each statement runs when
-    started."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    connection.ensure_connection()
-    stack = _blocks.__dict__.setdefault("stack", [])
-    stack.append([])
+    whose count nobody reads belong here — an ORM ``save()`` of an existing
+    row (or ``update_or_create``) raises ``CountedWriteInside`` instead of
+    silently reading no count, on every database. Elsewhere (SQLite) each
+    statement runs when started."""
+    _blocks.depth = getattr(_blocks, "depth", 0) + 1
     try:
-        with connection.connection.pipeline():
+        if connection.vendor != "postgresql":
             yield
-        # The block's end synced the pipeline: every result is in its cursor, and
-        # reading them costs no further round trip.
-        for inserted in stack[-1]:
-            inserted.value()
+            return
+        connection.ensure_connection()
+        stack = _blocks.__dict__.setdefault("stack", [])
+        stack.append([])
+        try:
+            with connection.connection.pipeline():
+                yield
+            # The block's end synced the pipeline: every result is in its cursor, and
+            # reading them costs no further round trip.
+            for inserted in stack[-1]:
+                inserted.value()
+        finally:
+            stack.pop()
     finally:
-        stack.pop()
+        _blocks.depth -= 1
+
+
+class CountedWriteInside(RuntimeError):
+    """An ORM save() of an existing row inside :func:`together`: Django reads the
+    UPDATE's count to decide whether the row exists, and inside the block that
+    count is not known (it would insert a second row or lose the write)."""
+
+
+@receiver(pre_save, dispatch_uid="statements.no_counted_write_inside_together")
+def _no_counted_write_inside_together(sender, instance, raw=False, **kwargs) -> None:
+    if getattr(_blocks, "depth", 0) and not instance._state.adding:
+        raise CountedWriteInside(
+            f"{sender.__name__}.save() of an existing row inside statements.together(): "
+            "use statements.update (its count is not read) or save outside the block"
+        )
 
 
 def execute(sql: str, params: Sequence[Any] = (), *, using: str = DEFAULT_DB_ALIAS) -> int:

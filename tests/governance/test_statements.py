@@ -318,3 +318,17 @@ def test_a_single_turn_run_settles_on_sqlite_the_embedded_default(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sqlite run settled" in done.stdout
+
+
+def test_an_orm_save_of_an_existing_row_inside_together_is_refused(django_user_model):
+    """Inside a pipelined block an UPDATE's count is not known, and Django's
+    save() of an existing row reads it: the block refuses such a save (on every
+    database) rather than let it insert a second row or lose the write."""
+    user = django_user_model.objects.create_user("counted-write")
+    with sql.together():
+        django_user_model.objects.create_user("a-new-row-is-fine")  # an insert reads no count
+        user.first_name = "changed"
+        with pytest.raises(sql.CountedWriteInside, match="existing row inside"):
+            user.save()
+    user.save()  # outside the block, as always
+    assert django_user_model.objects.get(pk=user.pk).first_name == "changed"
