@@ -71,28 +71,10 @@ def _db(using: str = DEFAULT_DB_ALIAS):
 
 
 def _executed(sql: str, params: Sequence[Any], using: str):
-    """A cursor that has run ``sql``. On PostgreSQL, once this thread's
-    connection is open and checked, and while nobody logs or wraps statements
-    (Django's debug cursor, ``execute_wrapper``, the tests' query capture),
-    psycopg's own cursor: Django's wrapper around each statement repeats checks
-    made once per connection and cost ≈ 30 µs of a small statement's ≈ 95 µs of
-    CPU (measured in process), and a stage runs dozens. Errors are still
-    Django's (``wrap_database_errors``), so callers catch the same exceptions."""
-    db = _db(using)
-    if (
-        db.vendor != "postgresql"
-        or db.connection is None
-        or db.queries_logged
-        or db.execute_wrappers
-        or db.needs_rollback  # Django's cursor says why nothing may run
-        or (db.health_check_enabled and not db.health_check_done)
-    ):
-        cursor = db.cursor()
-        cursor.execute(sql, params)
-        return cursor
-    with db.wrap_database_errors:
-        cursor = db.create_cursor()
-        cursor.execute(sql, params)
+    """A cursor that has run ``sql``: Django's, so its checks, its errors and
+    anything that logs or wraps statements see it as any other statement."""
+    cursor = _db(using).cursor()
+    cursor.execute(sql, params)
     return cursor
 
 
