@@ -29,7 +29,8 @@ from django.db.models.functions import Coalesce, TruncDate
 from dashboard.queries.costs import prices_of, summarize
 from governance.models import Provider, SettledDay, SettledUsageDay, Settlement
 from governance.rules.cost import CostSummary, UsageShape, summarize_shapes
-from governance.rules.publication import DeliveryVerdict, Discrepancy, SettlementOutcome
+from governance.rules.discrepancies import Discrepancy
+from governance.rules.publication import DeliveryVerdict, SettlementOutcome
 from governance.services.deliveries import (
     FACTS_UNREADABLE,
     NO_PROVIDER,

@@ -44,17 +44,16 @@ from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
 from governance.models import BodyChunk, ProviderAttempt, RunCallback, Settlement, ToolReceipt
+from governance.rules.discrepancies import Discrepancy, delivery_discrepancies
 from governance.rules.publication import (
     CallbackStatus,
     ChunkFacts,
     DeliveryEvidence,
     DeliveryVerdict,
-    Discrepancy,
     Publication,
     PublicationError,
     SettlementOutcome,
     delivered_status,
-    delivery_discrepancies,
     delivery_evidence,
 )
 from governance.services.usage import usage_shapes

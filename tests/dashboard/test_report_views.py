@@ -35,7 +35,8 @@ from governance.models import (
     Settlement,
     ToolReceipt,
 )
-from governance.rules.publication import DISCREPANCY_CODES, CallbackStatus
+from governance.rules.discrepancies import DISCREPANCY_CODES
+from governance.rules.publication import CallbackStatus
 from governance.services import deliveries
 from tests.conftest import streamed_body
 

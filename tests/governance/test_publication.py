@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from governance.rules import discrepancies as disc
 from governance.rules import publication as pub
+from governance.rules.discrepancies import DISCREPANCY_CODES, delivery_discrepancies
 from governance.rules.publication import (
-    DISCREPANCY_CODES,
     AttachmentFacts,
     CallbackStatus,
     ChunkFacts,
@@ -22,7 +23,6 @@ from governance.rules.publication import (
     SettlementOutcome,
     commit_chunk,
     declare_attachment,
-    delivery_discrepancies,
     delivery_evidence,
     generate_chunk,
     mark_attachment_saved,
@@ -342,13 +342,13 @@ def test_r7_4_everything_agrees_gives_no_discrepancy():
 
 def test_r7_4_completed_with_chunks_never_observed():
     assert codes(settlement=OUT.COMPLETED, publication=body(3, ack=2), callback=CB.NONE) == [
-        pub.CHUNKS_NEVER_OBSERVED
+        disc.CHUNKS_NEVER_OBSERVED
     ]
 
 
 def test_r7_4_completed_with_no_client_evidence():
     found = delivery_discrepancies(settlement=OUT.COMPLETED, publication=body(2), callback=CB.NONE)
-    assert [d.code for d in found] == [pub.NO_CLIENT_EVIDENCE]
+    assert [d.code for d in found] == [disc.NO_CLIENT_EVIDENCE]
     assert "no client evidence" in found[0].text
 
 
@@ -356,7 +356,7 @@ def test_r7_4_committed_chunks_never_sent():
     found = delivery_discrepancies(
         settlement=OUT.PARTIAL, publication=body(3, committed=2, sent=[1], ack=1), callback=CB.NONE
     )
-    assert [d.code for d in found] == [pub.COMMITTED_NEVER_SENT, pub.CHUNKS_NEVER_OBSERVED]
+    assert [d.code for d in found] == [disc.COMMITTED_NEVER_SENT, disc.CHUNKS_NEVER_OBSERVED]
     assert found[0].text.endswith("never sent: 2")
 
 
@@ -366,7 +366,7 @@ def test_r7_4_callback_said_complete_while_settlement_partial():
         publication=body(3, committed=2, ack=2),
         callback=CB.DELIVERED_COMPLETED,
     )
-    assert [d.code for d in found] == [pub.CALLBACK_SAID_COMPLETED]
+    assert [d.code for d in found] == [disc.CALLBACK_SAID_COMPLETED]
     assert "partial" in found[0].text
 
 
@@ -381,20 +381,20 @@ def test_r7_4_callback_said_complete_while_settlement_partial():
 def test_r7_4_any_other_callback_settlement_mismatch(settlement, callback):
     p = body(2, ack=2) if settlement is not OUT.PARTIAL else body(3, committed=2, ack=2)
     assert codes(settlement=settlement, publication=p, callback=callback) == [
-        pub.CALLBACK_OUTCOME_MISMATCH
+        disc.CALLBACK_OUTCOME_MISMATCH
     ]
 
 
 def test_r7_4_callback_before_settlement():
     assert codes(settlement=None, publication=body(1), callback=CB.DELIVERED_COMPLETED) == [
-        pub.CALLBACK_BEFORE_SETTLEMENT
+        disc.CALLBACK_BEFORE_SETTLEMENT
     ]
 
 
 def test_r7_4_callback_delivery_failed():
     assert codes(
         settlement=OUT.COMPLETED, publication=body(1, ack=1), callback=CB.DELIVERY_FAILED
-    ) == [pub.CALLBACK_DELIVERY_FAILED]
+    ) == [disc.CALLBACK_DELIVERY_FAILED]
 
 
 def test_r7_4_effects_left_unknown():
@@ -404,7 +404,7 @@ def test_r7_4_effects_left_unknown():
         callback=CB.NONE,
         unknown_effects=("tool:send_mail#7",),
     )
-    assert [d.code for d in found] == [pub.EFFECTS_UNKNOWN]
+    assert [d.code for d in found] == [disc.EFFECTS_UNKNOWN]
     assert "send_mail#7" in found[0].text
 
 
@@ -417,41 +417,41 @@ def test_r7_4_unknown_effects_while_unsettled_are_in_flight_not_flagged():
 
 def test_r7_4_settled_completed_with_zero_committed_chunks():
     assert codes(settlement=OUT.COMPLETED, publication=Publication(), callback=CB.NONE) == [
-        pub.COMPLETED_WITHOUT_COMMITTED_BODY
+        disc.COMPLETED_WITHOUT_COMMITTED_BODY
     ]
 
 
 def test_r7_4_completed_with_incomplete_body_or_unsaved_attachments():
     assert codes(
         settlement=OUT.COMPLETED, publication=body(3, committed=2, ack=2), callback=CB.NONE
-    ) == [pub.COMPLETED_BODY_INCOMPLETE]
+    ) == [disc.COMPLETED_BODY_INCOMPLETE]
     p = declare_attachment(body(1, ack=1), "a.pdf")
     assert codes(settlement=OUT.COMPLETED, publication=p, callback=CB.NONE) == [
-        pub.COMPLETED_ATTACHMENTS_UNSAVED
+        disc.COMPLETED_ATTACHMENTS_UNSAVED
     ]
 
 
 def test_r7_4_partial_without_material_and_failed_with_material():
     assert codes(settlement=OUT.PARTIAL, publication=Publication(), callback=CB.NONE) == [
-        pub.PARTIAL_WITHOUT_SAVED_MATERIAL
+        disc.PARTIAL_WITHOUT_SAVED_MATERIAL
     ]
     assert codes(
         settlement=OUT.FAILED, publication=body(2, committed=1, ack=1), callback=CB.NONE
-    ) == [pub.FAILED_WITH_SAVED_MATERIAL]
+    ) == [disc.FAILED_WITH_SAVED_MATERIAL]
 
 
 def test_r7_4_observed_exceeding_committed_is_impossible_evidence():
     p = record_client_ack(body(3, committed=1), 3)
     found = delivery_discrepancies(settlement=None, publication=p, callback=CB.NONE)
-    assert [d.code for d in found] == [pub.OBSERVED_EXCEEDS_COMMITTED]
+    assert [d.code for d in found] == [disc.OBSERVED_EXCEEDS_COMMITTED]
     assert "impossible" in found[0].text
 
 
 def test_r7_4_observed_without_send_record():
     p = record_client_ack(body(2, sent=[1]), 2)
     assert codes(settlement=OUT.COMPLETED, publication=p, callback=CB.NONE) == [
-        pub.COMMITTED_NEVER_SENT,
-        pub.OBSERVED_WITHOUT_SEND_RECORD,
+        disc.COMMITTED_NEVER_SENT,
+        disc.OBSERVED_WITHOUT_SEND_RECORD,
     ]
 
 
@@ -548,10 +548,10 @@ def test_r7_3_property_never_completed_unless_save_complete(ops, precomputed):
     # report. A failed run that left saved material is still flagged: a person
     # should see that text reached the store of a run that failed.
     settlement_codes = {
-        pub.COMPLETED_WITHOUT_COMMITTED_BODY,
-        pub.COMPLETED_BODY_INCOMPLETE,
-        pub.COMPLETED_ATTACHMENTS_UNSAVED,
-        pub.PARTIAL_WITHOUT_SAVED_MATERIAL,
+        disc.COMPLETED_WITHOUT_COMMITTED_BODY,
+        disc.COMPLETED_BODY_INCOMPLETE,
+        disc.COMPLETED_ATTACHMENTS_UNSAVED,
+        disc.PARTIAL_WITHOUT_SAVED_MATERIAL,
     }
     found = codes(settlement=decision.outcome, publication=p, callback=CB.NONE)
     assert not settlement_codes & set(found)

@@ -321,8 +321,9 @@ def test_a_single_turn_run_settles_on_sqlite_the_embedded_default(tmp_path: Path
 
 
 def test_an_orm_save_of_an_existing_row_inside_together_is_refused(django_user_model):
-    """Inside a pipelined block an UPDATE's count is not known, and Django's
-    save() of an existing row reads it: the block refuses such a save (on every
+    """R6.3: a stage's close writes everything in one transaction, much of it in
+    a pipelined block, where an UPDATE's count is not known; Django's save() of
+    an existing row reads it, so the block refuses such a save (on every
     database) rather than let it insert a second row or lose the write."""
     user = django_user_model.objects.create_user("counted-write")
     with sql.together():
