@@ -22,6 +22,7 @@ import httpx
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
 from governance.rules.tools import tool_name_of
 from tasks.adapters.base import (
+    Adapter,
     CallLimits,
     Clock,
     OnEvent,
@@ -62,6 +63,19 @@ def tool_names_back(request: ProviderRequest, response: ProviderResponse) -> Pro
             for call in response.tool_calls
         )
     return response
+
+
+def http_adapter(call, read_evidence) -> Adapter:
+    """The registry entry of an HTTP vendor adapter: ``call`` sends the request,
+    and the model's tool names are mapped back from the wire (rules.tools)."""
+
+    def adapted(config, request, *, limits, clock, on_event, transport, script_state):
+        response = call(
+            config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
+        )
+        return tool_names_back(request, response)
+
+    return Adapter(call=adapted, read_evidence=read_evidence)
 
 
 # --------------------------------------------------------------------------- clocks

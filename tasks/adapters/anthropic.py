@@ -39,16 +39,15 @@ from tasks.adapters._common import (
     base_headers,
     check_http_config,
     error_fields,
+    http_adapter,
     index_of,
     load_json,
     obj,
     stream_http,
     text_of,
-    tool_names_back,
 )
 from tasks.adapters._evidence import evidence_from
 from tasks.adapters.base import (
-    Adapter,
     CallLimits,
     ChatMessage,
     Clock,
@@ -251,11 +250,4 @@ def call_anthropic(
     return attempt.response()
 
 
-def _call(config, request, *, limits, clock, on_event, transport, script_state) -> ProviderResponse:
-    response = call_anthropic(
-        config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
-    )
-    return tool_names_back(request, response)
-
-
-ADAPTER = Adapter(call=_call, read_evidence=read_evidence)
+ADAPTER = http_adapter(call_anthropic, read_evidence)

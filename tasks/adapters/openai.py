@@ -37,15 +37,14 @@ from tasks.adapters._common import (
     base_headers,
     check_http_config,
     error_fields,
+    http_adapter,
     index_of,
     load_json,
     obj,
     stream_http,
-    tool_names_back,
 )
 from tasks.adapters._evidence import evidence_from, normalized_code
 from tasks.adapters.base import (
-    Adapter,
     CallLimits,
     ChatMessage,
     Clock,
@@ -244,11 +243,4 @@ def call_openai(
     return attempt.response()
 
 
-def _call(config, request, *, limits, clock, on_event, transport, script_state) -> ProviderResponse:
-    response = call_openai(
-        config, request, limits=limits, clock=clock, on_event=on_event, transport=transport
-    )
-    return tool_names_back(request, response)
-
-
-ADAPTER = Adapter(call=_call, read_evidence=read_evidence)
+ADAPTER = http_adapter(call_openai, read_evidence)
