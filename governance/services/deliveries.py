@@ -43,7 +43,15 @@ from django.db import connection, transaction
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
-from governance.models import BodyChunk, ProviderAttempt, RunCallback, Settlement, ToolReceipt
+from governance.models import (
+    BodyChunk,
+    ProviderAttempt,
+    RunCallback,
+    SettledDay,
+    SettledUsageDay,
+    Settlement,
+    ToolReceipt,
+)
 from governance.rules.discrepancies import Discrepancy, delivery_discrepancies
 from governance.rules.publication import (
     CallbackStatus,
@@ -348,8 +356,8 @@ def _usage_lines(usage: Iterable[list[Any]]) -> dict[tuple, tuple[int, int, int,
     return lines
 
 
-_ROLLUP = """
-    INSERT INTO governance_settledusageday AS total
+_ROLLUP = f"""
+    INSERT INTO {SettledUsageDay._meta.db_table} AS total
         (day, provider_key, outcome, provider_id, refused, reported, bills_input,
          bills_output, bills_cached, requests, billed_input, output, cached)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
@@ -380,8 +388,8 @@ def _rollup_changes(judged: Judged, settled_at: datetime, outcome: str, rolled: 
     ]
 
 
-_DAY = """
-    INSERT INTO governance_settledday AS total
+_DAY = f"""
+    INSERT INTO {SettledDay._meta.db_table} AS total
         (day, provider_key, outcome, runs, committed, sent, observed, all_acknowledged,
          part_acknowledged, no_evidence, nothing_committed, flagged, discrepancies)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
@@ -426,7 +434,7 @@ def _write(judged: list[Judged]) -> int:
     settlements locked (a change arriving meanwhile waits, then makes it stale)."""
     cast = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
     sql = (
-        "UPDATE governance_settlement SET judged_rev = %s, provider_key = %s, "
+        f"UPDATE {Settlement._meta.db_table} SET judged_rev = %s, provider_key = %s, "
         "chunks_committed = %s, chunks_sent = %s, chunks_observed = %s, "
         f"delivery_verdict = %s, discrepancy_count = %s, delivery = {cast}, "
         f"usage_in_rollup = {cast} WHERE id = %s AND delivery_rev = %s"

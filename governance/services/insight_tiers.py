@@ -134,9 +134,9 @@ def tiers_of(segment_ids: Sequence[int]) -> list[TieredSend]:
 
 
 _WRITE = (
-    "UPDATE governance_providerattempt SET tiered = %s, insight_tier = %s, insight_step = %s, "
-    "insight_boundary_kind = %s, insight_category = %s, insight_since_refusal_s = %s "
-    "WHERE id = %s"
+    f"UPDATE {ProviderAttempt._meta.db_table} SET tiered = %s, insight_tier = %s, "
+    "insight_step = %s, insight_boundary_kind = %s, insight_category = %s, "
+    "insight_since_refusal_s = %s WHERE id = %s"
 )
 
 
@@ -147,7 +147,8 @@ def _mark(ids: list[int]) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE governance_providerattempt SET tiered = true WHERE id = ANY(%s)", [ids]
+                f"UPDATE {ProviderAttempt._meta.db_table} SET tiered = true WHERE id = ANY(%s)",
+                [ids],
             )
         return
     for at in range(0, len(ids), 500):  # SQLite's limit of variables
