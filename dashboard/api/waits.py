@@ -126,52 +126,22 @@ class _Listener:
             self.task, self.listening_since = None, None
 
     async def _hear(self, listen: psycopg.AsyncConnection) -> bool:
-        """Wake the waiters of each settled run; True once nobody waited for LINGER_S.
-
-        A reader on the connection's socket takes each notification as it
-        arrives (libpq's own calls, through ``pgconn``): psycopg's ``notifies()``
-        registers a reader and a future for every wait, about 0.4 ms of the web's
-        CPU per settlement on a 2-core machine (py-spy, bench/throughput.py)."""
-        loop = asyncio.get_running_loop()
-        pgconn, lost = listen.pgconn, loop.create_future()
-
-        def heard(run_id: str, now: float) -> None:
-            self._remember(run_id, now)
-            for waiter in self.waiting.get(run_id, ()):
-                waiter.set()
-
-        # Any that psycopg took in with LISTEN's own answer waits in its backlog.
-        async for note in listen.notifies(timeout=0):
-            heard(note.payload, time.monotonic())
-
-        def readable() -> None:
-            try:
-                pgconn.consume_input()
-            except psycopg.OperationalError as exc:  # the server or the network went away
-                if not lost.done():
-                    lost.set_exception(exc)
-                loop.remove_reader(fd)
-                return
-            now = time.monotonic()
-            while (note := pgconn.notifies()) is not None:
-                heard(note.extra.decode("utf-8", "replace"), now)
-
-        fd = pgconn.socket
-        loop.add_reader(fd, readable)
-        try:
-            idle_since = None
-            while True:
-                await asyncio.wait([lost], timeout=min(LINGER_S, 1.0) or 0.01)
-                if lost.done():
-                    lost.result()  # raises what ended the connection
-                if self.waiting:
-                    idle_since = None
-                elif idle_since is None:
-                    idle_since = time.monotonic()
-                if idle_since is not None and time.monotonic() - idle_since >= LINGER_S:
-                    return True
-        finally:
-            loop.remove_reader(fd)
+        """Wake the waiters of each settled run; True once nobody waited for
+        LINGER_S. psycopg's own ``notifies()`` reads them (a reader on the socket
+        through libpq's calls measured no faster, bench/throughput.py A/B); a
+        lost connection raises psycopg's error out of it."""
+        idle_since = None
+        while True:
+            async for note in listen.notifies(timeout=min(LINGER_S, 1.0) or 0.01):
+                self._remember(note.payload, time.monotonic())
+                for waiter in self.waiting.get(note.payload, ()):
+                    waiter.set()
+            if self.waiting:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            if idle_since is not None and time.monotonic() - idle_since >= LINGER_S:
+                return True
 
 
 _listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
