@@ -12,6 +12,14 @@ the field's converters) come from the model fields, so the same code runs on
 PostgreSQL and SQLite (``make run``'s embedded default) and a model change
 reaches them. Only equality and ``IS NULL`` conditions are offered: anything
 richer is a hand-written SELECT loaded with :class:`Columns`, or the ORM.
+
+A fenced exception: only the run's hot paths use it (the claim, the close, the
+ledger's admission, the submit; tests/test_fixed_sql_fence.py). It leans on the
+parts of Django a queryset's compiler uses (``Field.get_col``, the converters,
+``Model._state``, ``from_db``; Django 5.x, kept below 6 in pyproject.toml), and
+tests/governance/test_statements.py checks its rows against the ORM's. It can
+go when building a queryset's SQL costs a stage little (Django caches no
+compiled SQL today).
 """
 
 from __future__ import annotations
