@@ -335,52 +335,6 @@ def insert(
         inserted.value()
 
 
-def insert_together(*groups: Sequence[Model], using: str = DEFAULT_DB_ALIAS) -> None:
-    """:func:`insert` of several models' new rows, each group one model's, in
-    one statement on PostgreSQL (each group a data-modifying ``WITH``; the auto
-    keys come back as the statement's rows): one round trip instead of one per
-    group. A row may refer to a row of another group by a key set before
-    (a UUID); PostgreSQL checks the references at the statement's end.
-    Elsewhere (SQLite) the groups are inserted one after another."""
-    groups = tuple(group for group in groups if group)
-    db = _db(using)
-    if db.vendor != "postgresql" or len(groups) < 2 or _blocks.__dict__.get("stack"):
-        for group in groups:
-            insert(group, using=using)
-        return
-    shapes, params, keyed = [], [], []
-    for rows in groups:
-        model = type(rows[0])
-        meta = model._meta
-        auto = isinstance(meta.pk, _AUTO) and getattr(rows[0], meta.pk.attname) is None
-        fields = [f for f in meta.concrete_fields if not (auto and f.primary_key)]
-        shapes.append((model, tuple(f.attname for f in fields), len(rows), auto))
-        params += _prepared(rows, fields, db)
-        if auto:
-            keyed.append(rows)
-    found = fetch(_insert_together_sql(tuple(shapes), using), params)
-    keys = iter(pk for _group, pk in sorted(found, key=lambda row: row[0]))
-    for rows in keyed:
-        pk = rows[0]._meta.pk.attname
-        for row in rows:
-            setattr(row, pk, next(keys))
-
-
-@cache
-def _insert_together_sql(
-    shapes: tuple[tuple[Any, tuple[str, ...], int, bool], ...], using: str
-) -> str:
-    parts, selects = [], []
-    for n, (model, attnames, count, auto) in enumerate(shapes):
-        parts.append(f"i{n} AS ({_insert_sql(model, attnames, count, auto, False, using)})")
-        if auto:
-            pk = connections[using].ops.quote_name(model._meta.pk.column)
-            selects.append(f"SELECT {n} AS n, {pk}::bigint FROM i{n}")
-    # The groups' keys in their rows' order: a group's RETURNING gives its VALUES'
-    # order (as bulk_create relies on), and the group number keeps them apart.
-    return f"WITH {', '.join(parts)} {' UNION ALL '.join(selects) or 'SELECT NULL, NULL'}"
-
-
 def _prepared(rows: Sequence[Model], fields: Sequence[Field], db) -> list[Any]:
     """The rows' values as their fields prepare them for ``db``; the rows count
     as saved there from now on."""

@@ -103,46 +103,6 @@ def test_insert_of_several_rows_keeps_their_order_and_json():
     assert [e.metadata for e in stored] == [{"n": 0}, {"n": 1}, {"n": 2}]
 
 
-def test_insert_together_writes_several_models_in_one_statement_with_their_keys(
-    django_assert_max_num_queries,
-):
-    """R6.1/R7.2: a submit's rows written as one statement are the rows the
-    ORM writes, each auto key back on its instance, in each group's order."""
-    run, stage = _run()
-    now = time_source.now()
-    events = [
-        RunEvent(run=run, segment=run.segment, stage=stage, kind="x", at=now, metadata={"n": n})
-        for n in range(3)
-    ]
-    chunk = BodyChunk(run=run, chunk_no=1, version=1, text="é ☃", final=True, generated_at=now)
-    spans = _spans(0, 2)  # a group whose key is its own (no auto key)
-    with django_assert_max_num_queries(1 if connection.vendor == "postgresql" else 3):
-        sql.insert_together(events, spans, [chunk])
-    assert all(e.pk for e in events) and [e.pk for e in events] == sorted(e.pk for e in events)
-    stored = RunEvent.objects.filter(pk__in=[e.pk for e in events]).order_by("id")
-    assert [e.metadata for e in stored] == [{"n": 0}, {"n": 1}, {"n": 2}]
-    assert BodyChunk.objects.get(pk=chunk.pk).text == "é ☃" and not chunk._state.adding
-    assert SpanRecord.objects.count() == 2
-
-
-def test_insert_together_writes_nothing_when_one_row_collides():
-    """R6.4: one statement is all or nothing: a submit whose key was used
-    leaves no half-written run behind."""
-    from django.db import IntegrityError, transaction
-
-    run, stage = _run()
-    now = time_source.now()
-    event = RunEvent(run=run, segment=run.segment, stage=stage, kind="x", at=now, metadata={})
-    taken = BodyChunk(run=run, chunk_no=1, version=1, text="a", final=True, generated_at=now)
-    sql.insert([taken])
-    again = BodyChunk(run=run, chunk_no=1, version=1, text="b", final=True, generated_at=now)
-    before = RunEvent.objects.count()
-    with pytest.raises(IntegrityError), transaction.atomic():
-        sql.insert_together([event], [again])
-    assert RunEvent.objects.count() == before
-    assert BodyChunk.objects.get(run=run, chunk_no=1).text == "a"
-
-
 def _spans(first: int, count: int) -> list[SpanRecord]:
     at = time_source.now()
     return [

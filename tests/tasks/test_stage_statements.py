@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from opentelemetry import trace
 
 from governance import time_source
@@ -41,9 +41,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ANSWER = {"default": {"answer": {"text": "The answer is 42.", "chunks": 1}}}
 
-# Today's figures, as upper bounds (the SQLite embedded default writes a
-# submit's three rows as three statements; PostgreSQL as one).
-ROWS = 1 if connection.vendor == "postgresql" else 3
+# Today's figures, as upper bounds.
+ROWS = 3  # the run, its ledger, its first stage: one insert each
 WORKER_COMMITS = 2  # the claim (with the first request's draw) and the close
 WORKER_STATEMENTS = 24  # the claim with the turn's facts, the draw, the close
 SUBMIT_STATEMENTS = 1 + ROWS  # the segment read, then the run, its account, its stage
