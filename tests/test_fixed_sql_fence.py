@@ -19,7 +19,9 @@ FENCE = {
     "governance/services/refusals.py": "the segment's refusal states the claim reads",
     "governance/services/threads.py": "the accepted history the claim reads and the close appends",
     "governance/services/stream.py": "the committed chunks the close writes",
-    "dashboard/api/runs.py": "the submit's thread and open segment",
+    "dashboard/api/runs.py": "the submit's thread and open segment, the run's answer",
+    "dashboard/api/base.py": "the token check on every API request",
+    "dashboard/site/permissions.py": "the permissions every API request checks",
 }
 
 

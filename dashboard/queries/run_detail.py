@@ -1,5 +1,7 @@
-"""A run's facts, read once: the API's run detail (``GET /api/v1/runs/{id}``
-and its ``?wait=`` answer) and the run page both start from :func:`run_facts`.
+"""A run's facts, read once for the run page: the run with its settlement and
+ledger, its stages, attempts, receipts and chunks. (The API's answer of the same
+facts, ``dashboard.api.runs.run_json``, is fixed SQL in one round trip: this
+ORM read tripled the web's CPU per lone run there, bench/throughput.py.)
 
 Each kind of fact is one query whatever its number (stages, attempts,
 receipts, chunks, the ledger), so a run of a hundred turns costs what a run

@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 
 from governance.models import BodyChunk, Run, RunEvent, RunViewer, Settlement
 from governance.rules import connection as conn
@@ -98,15 +97,18 @@ def detach_viewer(connection_id: str, *, now: datetime) -> RunViewer | None:
     return viewer
 
 
+# A run's existence and whether it is settled, in one fixed statement: no row, no
+# run. Every look of a waiting ``?wait=`` answer asks it.
+RUN_SETTLED = (
+    f"SELECT EXISTS (SELECT 1 FROM {sql.table(Settlement)}"
+    f" WHERE run_id = {sql.table(Run)}.id) FROM {sql.table(Run)} WHERE {sql.table(Run)}.id = %s"
+)
+
+
 def run_is_settled(run_id: Any) -> bool | None:
-    """Whether the run has its settlement; None when there is no such run (one query)."""
-    found = (
-        Run.objects.filter(id=run_id)
-        .annotate(settled=Exists(Settlement.objects.filter(run_id=OuterRef("id"))))
-        .values_list("settled", flat=True)
-        .first()
-    )
-    return None if found is None else bool(found)
+    """Whether the run has its settlement; None when there is no such run."""
+    found = sql.fetch(RUN_SETTLED, (sql.value(Run, "id", run_id),))
+    return bool(found[0][0]) if found else None
 
 
 def events_after(run_id: Any, after_id: int, limit: int = 500) -> list[tuple[int, str, dict]]:
