@@ -6,7 +6,7 @@ ORM read tripled the web's CPU per lone run there, bench/throughput.py.)
 Each kind of fact is one query whatever its number (stages, attempts,
 receipts, chunks, the ledger), so a run of a hundred turns costs what a run
 of one does. Each attempt's stage is one of the run's stages and its provider
-and segment one of a few: shared instances, not one joined copy per attempt
+one of a few: shared instances, not one joined copy per attempt
 (at 100 attempts joined rows cost more than every other query of the page
 together, ``bench/scale.py``).
 """
@@ -23,7 +23,7 @@ from governance.rules.budget import Balance
 # What is read of each attempt: what the page and the API show and price it by
 # (``usage``), not its digest, error text, tool names or Insights columns.
 ATTEMPT_FIELDS = (
-    "id", "run", "stage", "provider", "segment", "model", "kind", "started_at", "latency_ms",
+    "id", "run", "stage", "provider", "model", "kind", "started_at", "latency_ms",
     "result", "failure_class", "refusal_category", "status_code", "usage",
 )  # fmt: skip
 
@@ -33,7 +33,7 @@ class RunFacts:
     run: Run
     settlement: Settlement | None
     stages: list[Stage]
-    attempts: list[ProviderAttempt]  # oldest first, each with its stage, provider and segment
+    attempts: list[ProviderAttempt]  # oldest first, each with its stage and provider
     receipts: list[ToolReceipt]  # in the order they were opened, each with its stage
     chunks: list[BodyChunk]
     budget: dict[str, Balance] | None  # None: the run has no ledger
@@ -51,9 +51,8 @@ def settlement_of(run: Run) -> Settlement | None:
         return None
 
 
-def run_facts(run_id: uuid.UUID, *, settled_only: bool = False) -> RunFacts | None:
-    """The run's facts (None: no such run; with ``settled_only``, also None
-    while it is not settled, and nothing more is read)."""
+def run_facts(run_id: uuid.UUID) -> RunFacts | None:
+    """The run's facts (None: no such run)."""
     run = (
         Run.objects.select_related("thread", "segment", "settlement", "budget", "previous_run")
         .filter(id=run_id)
@@ -62,14 +61,12 @@ def run_facts(run_id: uuid.UUID, *, settled_only: bool = False) -> RunFacts | No
     if run is None:
         return None
     settlement = settlement_of(run)
-    if settled_only and settlement is None:
-        return None
     stages = list(run.stages.order_by("seq"))
     stage_of = {stage.id: stage for stage in stages}
     attempts = list(
         ProviderAttempt.objects.filter(run=run)
         .only(*ATTEMPT_FIELDS)
-        .prefetch_related("provider", "segment")
+        .prefetch_related("provider")
         .order_by("started_at", "id")
     )
     receipts = list(ToolReceipt.objects.filter(run=run).order_by("id"))

@@ -48,7 +48,7 @@ WORKER_STATEMENTS = 24  # the claim with the turn's facts, the draw, the close
 SUBMIT_STATEMENTS = 1 + ROWS  # the segment read, then the run, its account, its stage
 API_SUBMIT_STATEMENTS = 3 + ROWS  # the token, the permissions, the thread, the rows
 API_KEYED_EXTRA = 2  # a key's savepoint and its release
-POLL_STATEMENTS = 9  # the token, the run, 6 kinds of its facts, the ledger (docstring below)
+POLL_STATEMENTS = 7  # the token, the run, its stages, attempts, receipts, chunks, ledger
 
 
 @dataclass
@@ -150,11 +150,10 @@ def test_a_submit_over_the_api_is_one_transaction_and_a_savepoint_only_for_a_key
     assert repeated.rollbacks_to_savepoint == 1, repeated.shown()
 
 
-def test_a_poll_of_a_runs_detail_is_nine_statements_at_most(api, scripted_provider, monkeypatch):
+def test_a_poll_of_a_runs_detail_is_seven_statements_at_most(api, scripted_provider, monkeypatch):
     """GET /api/v1/runs/{id}, which a client polls to see its run settle: the
-    token with its user; the run with its segment, settlement and budget account;
-    its stages, attempts (their providers and segments), receipts, chunks, and the
-    account's entries (dashboard.queries.run_detail, as the run page reads it)."""
+    token with its user; the run with its segment and settlement; its stages,
+    attempts, receipts, chunks, and its budget account with its entries."""
     monkeypatch.setattr(stage_service, "publish", lambda ids, countdowns=None: None)
     scripted_provider("counted", ANSWER)
     thread = api.post("/api/v1/threads", {"provider_chain": ["counted"]}, expect=201).json()
