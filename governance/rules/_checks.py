@@ -1,4 +1,4 @@
-"""Checks the R2 rule modules share on the values they are given (pure).
+"""Checks rule modules share on the values they are given (pure).
 
 A naive datetime, or a bool where a count belongs, is a caller's bug: the
 rules raise rather than guess (time is always a parameter, in UTC).

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from governance.rules._checks import is_int
 from governance.rules.answers import Answer
 from governance.rules.budget import RESOURCES
-from governance.rules.lifecycle_input import LifecycleError, is_int, is_text, require_text
+from governance.rules.lifecycle_input import LifecycleError, is_text, require_text
 from governance.rules.provider_failures import RETRYABLE_FAILURE_CLASSES
 
 

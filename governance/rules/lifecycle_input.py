@@ -16,10 +16,6 @@ def is_text(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def require_text(name: str, value: object) -> None:
     if not is_text(value):
         raise LifecycleError(f"{name} must be a non-empty string")

@@ -8,8 +8,9 @@ I/O, no clock.
 
 from __future__ import annotations
 
+from governance.rules._checks import is_int
 from governance.rules.authority import FactKind
-from governance.rules.lifecycle_input import LifecycleError, is_int
+from governance.rules.lifecycle_input import LifecycleError
 
 NO_ANSWER_TEXT = (
     "No answer was produced: the model turn returned neither a deliverable body nor a "

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from governance.rules._checks import is_int
 from governance.rules.budget import ORDINARY_RESEARCH_RESOURCE
-from governance.rules.lifecycle_input import LifecycleError, is_int, require_text
+from governance.rules.lifecycle_input import LifecycleError, require_text
 
 
 @dataclass(frozen=True)
