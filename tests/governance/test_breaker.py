@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -23,27 +23,12 @@ from governance.rules.breaker import (
 from governance.rules.classification import (
     FAILURE_CLASSES,
     TIME_BASED_CLASSES,
-    AttemptEvidence,
     Classification,
-    classify_attempt,
 )
+from tests.governance.classifications import T0, classify, failure
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 NO_JITTER = BreakerPolicy(jitter_ratio=0.0)
 FINGERPRINT = "cfg-v1"
-
-
-def classify(**fields: object) -> Classification:
-    return classify_attempt(AttemptEvidence(**fields), T0)  # type: ignore[arg-type]
-
-
-def failure(failure_class: str, retry_after_seconds: float | None = None) -> Classification:
-    return Classification(
-        failure_class=failure_class,  # type: ignore[arg-type]
-        refusal_category="policy" if failure_class == "refusal" else None,
-        effect="unknown" if failure_class == "interrupted" else "none",
-        retry_after_seconds=retry_after_seconds,
-    )
 
 
 def fail(

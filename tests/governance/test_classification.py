@@ -17,22 +17,7 @@ from governance.rules.classification import (
     Classification,
     classify_attempt,
 )
-
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def classify(**fields: object) -> Classification:
-    return classify_attempt(AttemptEvidence(**fields), T0)  # type: ignore[arg-type]
-
-
-def failure(failure_class: str, retry_after_seconds: float | None = None) -> Classification:
-    return Classification(
-        failure_class=failure_class,  # type: ignore[arg-type]
-        refusal_category="policy" if failure_class == "refusal" else None,
-        effect="unknown" if failure_class == "interrupted" else "none",
-        retry_after_seconds=retry_after_seconds,
-    )
-
+from tests.governance.classifications import T0, classify, failure
 
 # ---------------------------------------------------------------------------
 # R2.1: classification table
