@@ -40,7 +40,7 @@ from governance.models import (
     Thread,
     ToolReceipt,
 )
-from governance.rules.cost import AttemptCost, Prices, attempt_cost, summarize_costs
+from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
 from governance.services.budget import run_budget_view_later
@@ -125,7 +125,7 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
     if not found or (settled_only and found[0].settlement_settled_at is None):
         return None
     run = found[0]
-    priced = [(attempt, attempt_cost(attempt.usage, _prices(attempt))) for attempt in attempts]
+    priced = [(a, attempt_cost(a.usage, costs.prices_of(a))) for a in attempts]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
@@ -150,15 +150,6 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
         "body": "".join(chunk.text for chunk in chunks if chunk.version is not None),
         "settlement": settlement_json(run) if run.settlement_settled_at is not None else None,
     }
-
-
-def _prices(attempt) -> Prices:
-    return Prices(
-        input=attempt.price_input_per_mtok,
-        output=attempt.price_output_per_mtok,
-        cached=attempt.price_cached_per_mtok,
-        currency=attempt.currency,
-    )
 
 
 def stage_json(stage) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from governance.services.usage import merge_shape, usage_shapes
 
 
 def prices_of(provider: Provider) -> Prices:
+    """A provider's prices (or a row read with its provider's price columns)."""
     return Prices(
         input=provider.price_input_per_mtok,
         output=provider.price_output_per_mtok,
