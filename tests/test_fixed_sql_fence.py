@@ -19,7 +19,8 @@ FENCE = {
     "governance/services/refusals.py": "the segment's refusal states the claim reads",
     "governance/services/threads.py": "the accepted history the claim reads and the close appends",
     "governance/services/stream.py": "the committed chunks the close writes",
-    "dashboard/api/runs.py": "the submit's thread and open segment, the run's answer",
+    "dashboard/api/runs.py": "the submit's thread and open segment",
+    "dashboard/queries/run_detail.py": "the run's facts its API answer (polled, awaited) reads",
     "dashboard/api/base.py": "the token check on every API request",
     "dashboard/site/permissions.py": "the permissions every API request checks",
 }

@@ -26,110 +26,36 @@ from dashboard.api.base import (
 )
 from dashboard.api.schemas import RunQuery, RunSubmit
 from dashboard.queries import costs
+from dashboard.queries.run_detail import receipt_latency_ms, run_facts
 from dashboard.site import permissions
 from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import (
-    BodyChunk,
-    Provider,
-    ProviderAttempt,
     Run,
     Segment,
     Settlement,
-    Stage,
     Thread,
-    ToolReceipt,
 )
 from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
-from governance.services.budget import run_budget_view_later
 from governance.services.errors import RunSettled
 from governance.services.stream import run_is_settled
 from tasks import instrumentation as spans
-
-# A run's submit and the answer of its detail (polled, or ``?wait=``) are the API's
-# hot requests: fixed SQL (services.statements, fenced), six reads in one round
-# trip. The ORM's read of the same facts (dashboard/queries/run_detail.py, the run
-# page's) tripled the web's CPU per lone run in bench/throughput.py (10 → 28 ms).
-_RUN, _SEG, _SETTLED = sql.table(Run), sql.table(Segment), sql.table(Settlement)
-_STAGE, _ATTEMPT, _PROVIDER = sql.table(Stage), sql.table(ProviderAttempt), sql.table(Provider)
-RUN = sql.Read(
-    {
-        **sql.fields_of(
-            Run, "id", "thread_id", "status", "phase", "input", "created_at", "deadline_at",
-            "last_progress_at", "cancel_requested_at", "decisions",
-        ),
-        **sql.fields_of(Segment, "key", prefix="segment_"),
-        **sql.fields_of(
-            Settlement, "outcome", "reason_code", "reason", "unknown_effects", "settled_at",
-            prefix="settlement_",
-        ),
-    },
-    f"FROM {_RUN} JOIN {_SEG} ON {_SEG}.id = {_RUN}.segment_id"
-    f" LEFT JOIN {_SETTLED} ON {_SETTLED}.run_id = {_RUN}.id WHERE {_RUN}.id = %s",
-)  # fmt: skip
-RUN_STAGES = sql.Read(
-    sql.fields_of(
-        Stage, "seq", "kind", "enqueued_at", "started_at", "finished_at", "outcome",
-        "timeout_name", "failure_class", "detail", "clocks", "deliveries",
-    ),
-    f"FROM {_STAGE} WHERE run_id = %s ORDER BY seq",
-)  # fmt: skip
-# The provider is joined: an attempt's cost adds no query (governance.rules.cost).
-RUN_ATTEMPTS = sql.Read(
-    {
-        **sql.fields_of(
-            ProviderAttempt, "model", "kind", "result", "failure_class", "refusal_category",
-            "status_code", "latency_ms", "usage",
-        ),
-        **sql.fields_of(Stage, "seq", prefix="stage_"),
-        **sql.fields_of(Segment, "key", prefix="segment_"),
-        **sql.fields_of(
-            Provider, "provider_id", "price_input_per_mtok", "price_output_per_mtok",
-            "price_cached_per_mtok", "currency",
-        ),
-    },
-    f"FROM {_ATTEMPT} JOIN {_STAGE} ON {_STAGE}.id = {_ATTEMPT}.stage_id"
-    f" JOIN {_SEG} ON {_SEG}.id = {_ATTEMPT}.segment_id"
-    f" JOIN {_PROVIDER} ON {_PROVIDER}.id = {_ATTEMPT}.provider_id"
-    f" WHERE {_ATTEMPT}.run_id = %s ORDER BY {_ATTEMPT}.started_at, {_ATTEMPT}.id",
-)  # fmt: skip
-RUN_RECEIPTS = sql.Read(
-    sql.fields_of(
-        ToolReceipt, "tool", "idempotency_key", "effect", "verified_at", "error", "server",
-        "schema_version", "effect_class", "created_at", "finished_at",
-    ),
-    f"FROM {sql.table(ToolReceipt)} WHERE run_id = %s ORDER BY id",
-)  # fmt: skip
-RUN_CHUNKS = sql.Read(
-    sql.fields_of(
-        BodyChunk, "chunk_no", "version", "text", "final", "committed_at", "sent_at", "observed_at"
-    ),
-    f"FROM {sql.table(BodyChunk)} WHERE run_id = %s ORDER BY chunk_no",
-)
 
 
 def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any] | None:
     """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run).
     ``settled_only``: None while the run is not settled (nothing is built)."""
-    key = db_value(Run, run_id)
-    with sql.together():
-        reads = [
-            read.later(key) for read in (RUN, RUN_STAGES, RUN_ATTEMPTS, RUN_RECEIPTS, RUN_CHUNKS)
-        ]
-        budget_read = run_budget_view_later(run_id)
-    # Read once the block has ended: its end is the round trip.
-    found, stages, attempts, receipts, chunks = (read.value() for read in reads)
-    budget = budget_read.value()
-    if not found or (settled_only and found[0].settlement_settled_at is None):
+    facts = run_facts(run_id, settled_only=settled_only)
+    if facts is None:
         return None
-    run = found[0]
-    priced = [(a, attempt_cost(a.usage, costs.prices_of(a))) for a in attempts]
+    run = facts.run
+    priced = [(a, attempt_cost(a.usage, costs.prices_of(a.provider))) for a in facts.attempts]
     return {
         "id": str(run.id),
         "thread_id": str(run.thread_id),
-        "segment": run.segment_key,
+        "segment": run.segment.key,
         "status": run.status,
         "phase": run.phase,
         "input": run.input,
@@ -138,17 +64,17 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
         "last_progress_at": iso(run.last_progress_at),
         "cancel_requested_at": iso(run.cancel_requested_at),
         "lifecycle": run.decisions,
-        "stages": [stage_json(stage) for stage in stages],
+        "stages": [stage_json(stage) for stage in facts.stages],
         "attempts": [attempt_json(attempt, cost) for attempt, cost in priced],
         "cost": costs.summary_json(summarize_costs((a.result, cost) for a, cost in priced)),
         "budget": {
             name: {"limit": b.limit, "used": b.used, "remaining": b.remaining}
-            for name, b in (budget or {}).items()
+            for name, b in (facts.budget or {}).items()
         },
-        "receipts": [receipt_json(receipt) for receipt in receipts],
-        "chunks": [chunk_json(chunk) for chunk in chunks],
-        "body": "".join(chunk.text for chunk in chunks if chunk.version is not None),
-        "settlement": settlement_json(run) if run.settlement_settled_at is not None else None,
+        "receipts": [receipt_json(receipt) for receipt in facts.receipts],
+        "chunks": [chunk_json(chunk) for chunk in facts.chunks],
+        "body": facts.body,
+        "settlement": settlement_json(facts.settlement) if facts.settlement else None,
     }
 
 
@@ -170,8 +96,8 @@ def stage_json(stage) -> dict[str, Any]:
 
 def attempt_json(attempt, cost: AttemptCost) -> dict[str, Any]:
     return {
-        "stage": attempt.stage_seq,
-        "provider_id": attempt.provider_id,
+        "stage": attempt.stage.seq,
+        "provider_id": attempt.provider.provider_id,
         "model": attempt.model,
         "kind": attempt.kind,
         "result": attempt.result,
@@ -179,7 +105,7 @@ def attempt_json(attempt, cost: AttemptCost) -> dict[str, Any]:
         "refusal_category": attempt.refusal_category or None,
         "status_code": attempt.status_code,
         "latency_ms": attempt.latency_ms,
-        "segment": attempt.segment_key,
+        "segment": attempt.segment.key,
         "cost": costs.attempt_cost_json(cost),
     }
 
@@ -210,14 +136,13 @@ def chunk_json(chunk) -> dict[str, Any]:
     }
 
 
-def settlement_json(run) -> dict[str, Any]:
-    """The settlement read with the run (``RUN``'s ``settlement_`` columns)."""
+def settlement_json(settlement: Settlement) -> dict[str, Any]:
     return {
-        "outcome": run.settlement_outcome,
-        "reason_code": run.settlement_reason_code,
-        "reason": run.settlement_reason,
-        "unknown_effects": run.settlement_unknown_effects,
-        "settled_at": run.settlement_settled_at.isoformat(),
+        "outcome": settlement.outcome,
+        "reason_code": settlement.reason_code,
+        "reason": settlement.reason,
+        "unknown_effects": settlement.unknown_effects,
+        "settled_at": settlement.settled_at.isoformat(),
     }
 
 
@@ -349,10 +274,3 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
     except RunSettled as exc:
         raise ApiError(409, None, exc.message) from None
     return JsonResponse({"run_id": str(run.id), "cancel_requested": True}, status=202)
-
-
-def receipt_latency_ms(receipt) -> int | None:
-    """From the receipt written before the call to its result (None: not finished)."""
-    if receipt.finished_at is None:
-        return None
-    return max(0, round((receipt.finished_at - receipt.created_at).total_seconds() * 1000))

@@ -20,7 +20,7 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from dashboard.queries.run_detail import run_facts, settlement_of
+from dashboard.queries.run_detail import receipt_latency_ms, run_facts
 from governance.models import (
     BodyChunk,
     BudgetEntry,
@@ -220,7 +220,7 @@ class RunRow:
 def run_rows(runs: list[Run], now: datetime) -> list[RunRow]:
     rows = []
     for run in runs:
-        settlement = settlement_of(run)
+        settlement = getattr(run, "settlement", None)  # None: not settled (no row)
         end = settlement.settled_at if settlement else now
         path = last_path(run.decisions)
         rows.append(
@@ -383,7 +383,9 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
             else:
                 budget.append(row)
         ledger = list(
-            BudgetEntry.objects.filter(account=run.budget).select_related("stage").order_by("id")
+            BudgetEntry.objects.filter(account__run_id=run.id)
+            .select_related("stage")
+            .order_by("id")
         )
 
     per_stage: dict[int, int] = {}
@@ -401,11 +403,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
     for attempt in attempts:
         attempt.started = moment(attempt.started_at, origin)
     for receipt in receipts:
-        receipt.latency_ms = (
-            round((receipt.finished_at - receipt.created_at).total_seconds() * 1000)
-            if receipt.finished_at
-            else None
-        )
+        receipt.latency_ms = receipt_latency_ms(receipt)
         receipt.opened = moment(receipt.created_at, origin)
         receipt.finished = moment(receipt.finished_at, origin)
         receipt.verified = moment(receipt.verified_at, origin)
