@@ -154,6 +154,8 @@ class Thread(models.Model):
     tool_surface = models.JSONField(default=list)
     system_prompt = models.TextField(blank=True)
     callback_url = models.URLField(blank=True)
+    # Its owner: a service account sees and uses its own threads only
+    # (dashboard/site/permissions.py); None: its user was deleted.
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -277,6 +279,12 @@ class Run(models.Model):
     )
     trace_context = models.JSONField(default=dict, blank=True)
     callback_url = models.URLField(blank=True)
+    # Who submitted it: a service account sees and acts on its own runs only
+    # (dashboard/site/permissions.py); None: its user was deleted.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["-created_at"]
@@ -288,6 +296,7 @@ class Run(models.Model):
         permissions = [
             ("submit_run", "Can submit runs"),
             ("cancel_run", "Can stop runs"),
+            ("see_all_runs", "Can see every thread and run, not only their own"),
         ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 ACTIONS: dict[str, str] = {
     "submit_run": "submit runs",
     "cancel_run": "stop runs",
+    "see_all_runs": "see every thread and run (without it: only their own)",
     "apply_boundary": "force boundaries",
     "acknowledge_notification": "acknowledge alerts",
     "view_delivery_report": "read the delivery report",
@@ -21,7 +22,7 @@ ACTIONS: dict[str, str] = {
 
 ROLES: dict[str, tuple[str, ...]] = {
     # Acknowledges critical freeze alerts; may stop a run that is doing harm.
-    "on-call": ("acknowledge_notification", "cancel_run"),
+    "on-call": ("acknowledge_notification", "cancel_run", "see_all_runs"),
     # Forces new segments (compact, fresh start, switch model) and runs work.
     "operator": (
         "acknowledge_notification",
@@ -29,10 +30,12 @@ ROLES: dict[str, tuple[str, ...]] = {
         "submit_run",
         "cancel_run",
         "view_insights",
+        "see_all_runs",
     ),
     # Reads everything, changes nothing (no Stop either).
-    "manager": ("view_delivery_report", "view_insights"),
-    # Service accounts of the agent products: submit runs, watch and stop them.
+    "manager": ("view_delivery_report", "view_insights", "see_all_runs"),
+    # Service accounts of the agent products: submit runs, watch and stop them,
+    # their own only (no see_all_runs).
     "agent-client": ("submit_run", "cancel_run"),
 }
 

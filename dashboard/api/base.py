@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pydantic_core
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
@@ -97,9 +98,16 @@ def authenticate(request: HttpRequest):
     return user
 
 
-def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
-    """``atomic``: the token check, the reads and the view's writes are one
-    transaction (one commit for a hot write path such as submitting a run)."""
+def api_view(
+    methods: tuple[str, ...], *, permission: str | None = None, atomic: bool = False
+) -> Callable:
+    """``permission``: what the token's user must hold (and its scopes allow),
+    checked before anything is read or written; a write must name one (None: a
+    read any token may make). ``atomic``: the token check, the reads and the
+    view's writes are one transaction (one commit for a hot write path such as
+    submitting a run)."""
+    if permission is None and permissions.WRITES.intersection(methods):
+        raise ImproperlyConfigured(f"a write ({', '.join(methods)}) must declare its permission")
 
     def decorate(view: Callable) -> Callable:
         @csrf_exempt
@@ -112,6 +120,8 @@ def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
             try:
                 with transaction.atomic() if atomic else nullcontext():
                     request.api_user = authenticate(request)
+                    if permission is not None:
+                        require(request, permission)
                     return view(request, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.field, exc.message)
@@ -122,7 +132,7 @@ def api_view(methods: tuple[str, ...], *, atomic: bool = False) -> Callable:
                 response["Retry-After"] = str(exc.retry_after_s)
                 return response
 
-        return wrapper
+        return permissions.declare(wrapper, dict.fromkeys(methods, permission))
 
     return decorate
 
@@ -132,6 +142,13 @@ def require(request: HttpRequest, permission: str) -> None:
     user = getattr(request, "api_user", None) or request.user
     if not permissions.allowed(user, permission, getattr(request, "api_scopes", ())):
         raise ApiError(403, None, permissions.refusal(permission))
+
+
+def require_visible(request: HttpRequest, owner_id: Any, what: str) -> None:
+    """404 unless the token's user owns it or sees everything: someone else's
+    thread or run is answered as if it did not exist."""
+    if not permissions.may_see(request.api_user, owner_id, request.api_scopes):
+        raise ApiError(404, None, f"no such {what}")
 
 
 def parse_body(request: HttpRequest, schema: type[BodyT]) -> BodyT:
@@ -198,7 +215,10 @@ def by_method(**views: Callable) -> Callable:
             return response
         return view(request, *args, **kwargs)
 
-    return dispatch
+    return permissions.declare(
+        dispatch,
+        {method: view.required_permissions[method] for method, view in views.items()},
+    )
 
 
 def parse_query(request: HttpRequest, schema: type[QueryT]) -> QueryT:

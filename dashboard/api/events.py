@@ -32,8 +32,16 @@ from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
-from dashboard.api.base import ApiError, authenticate, error_response, parse_body
+from dashboard.api.base import (
+    ApiError,
+    authenticate,
+    error_response,
+    parse_body,
+    require,
+    require_visible,
+)
 from dashboard.api.schemas import AckBody
+from dashboard.site import permissions
 from dashboard.site.loop_db import off_loop
 from governance import services, time_source
 from governance.models import Run, RunEvent
@@ -48,16 +56,20 @@ BATCH = 500  # events per read
 
 
 def _user_for(request: HttpRequest):
-    """Bearer token (API clients) or a logged-in session (the watch page)."""
+    """Bearer token (API clients) or a logged-in session (the watch page); the
+    user is also ``request.api_user`` and its scopes ``request.api_scopes``."""
     if request.headers.get("Authorization"):
-        return authenticate(request), "token"
+        request.api_user = authenticate(request)
+        return request.api_user, "token"
     user = request.user
     if user.is_authenticated and user.is_active:
+        request.api_user, request.api_scopes = user, ()
         return user, "session"
     raise ApiError(401, "Authorization", "send 'Authorization: Bearer <token>' or log in")
 
 
-def _run_or_404(run_id: str) -> Run:
+def _run_or_404(request: HttpRequest, run_id: str) -> Run:
+    """The run, if the requester may see it (someone else's: 404)."""
     try:
         key = uuid.UUID(str(run_id))
     except ValueError:
@@ -65,6 +77,7 @@ def _run_or_404(run_id: str) -> Run:
     run = Run.objects.filter(id=key).first()
     if run is None:
         raise ApiError(404, None, "no such run")
+    require_visible(request, run.owner_id, "run")
     return run
 
 
@@ -90,15 +103,20 @@ def _last_event_id(request: HttpRequest) -> int:
     return int(raw)
 
 
-def _open_stream(request: HttpRequest, run_id: str) -> tuple[Run, int, str]:
+def _open_stream(request: HttpRequest, run_id: str) -> tuple[Run, int, str | None]:
+    """The run, where to resume, and the viewer's connection id: None for an
+    onlooker (someone else's run seen by a role that sees all), whose stream
+    records no delivery evidence (R7.2: *sent* is the client's, not staff's)."""
     try:
-        _user_for(request)
-        run = _run_or_404(run_id)
+        user, _how = _user_for(request)
+        run = _run_or_404(request, run_id)
         last_id = _last_event_id(request)
-        connection_id = uuid.uuid4().hex
-        stream.connect_viewer(
-            run, connection_id=connection_id, last_event_id=last_id, now=time_source.now()
-        )
+        connection_id = None
+        if permissions.records_delivery(user, run.owner_id, request.api_scopes):
+            connection_id = uuid.uuid4().hex
+            stream.connect_viewer(
+                run, connection_id=connection_id, last_event_id=last_id, now=time_source.now()
+            )
         return run, last_id, connection_id
     finally:
         if isinstance(request, ASGIRequest):
@@ -122,8 +140,10 @@ def _read(run_id, after_id: int) -> tuple[list[tuple[int, str, dict]], bool]:
     return stream.events_after(run_id, after_id, BATCH), settled
 
 
-def _written(run_id, connection_id: str, events, now) -> None:
-    """R7.2: the batch reached the transport: chunks in it are now *sent*."""
+def _written(run_id, connection_id: str | None, events, now) -> None:
+    """R7.2: the batch reached the owner's transport: chunks in it are now *sent*."""
+    if connection_id is None:
+        return  # an onlooker's stream
     chunk_nos = [m.get("chunk_no") for _i, kind, m in events if kind == "chunk"]
     stream.mark_chunks_sent(run_id, [n for n in chunk_nos if isinstance(n, int)], now=now)
     stream.viewer_progress(connection_id, events[-1][0])
@@ -184,7 +204,7 @@ def _hub() -> _Hub:
     return hub
 
 
-async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[bytes]:
+async def _aevents(run_id, last_id: int, connection_id: str | None) -> AsyncIterator[bytes]:
     try:
         yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
         idle_since = time.monotonic()
@@ -215,14 +235,16 @@ async def _aevents(run_id, last_id: int, connection_id: str) -> AsyncIterator[by
         await asyncio.shield(off_loop(_detach)(connection_id))
 
 
-def _detach(connection_id: str) -> None:
+def _detach(connection_id: str | None) -> None:
+    if connection_id is None:
+        return  # an onlooker's stream was never connected
     stream.detach_viewer(connection_id, now=time_source.now())
 
 
 # --------------------------------------------------------------------------- WSGI path
 
 
-def _sync_events(run_id, last_id: int, connection_id: str) -> Iterator[bytes]:
+def _sync_events(run_id, last_id: int, connection_id: str | None) -> Iterator[bytes]:
     try:
         yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
         idle_since = time.monotonic()
@@ -254,6 +276,7 @@ def _sync_events(run_id, last_id: int, connection_id: str) -> Iterator[bytes]:
 
 
 @csrf_exempt
+@permissions.declared(GET=None)
 async def run_events(request: HttpRequest, run_id: str) -> HttpResponse:
     """GET /api/v1/runs/{id}/events — R7.1: the run's events as SSE, ``id`` = RunEvent.id."""
     if request.method != "GET":
@@ -276,13 +299,16 @@ async def run_events(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
-    _user, how = _user_for(request)
+    user, how = _user_for(request)
     if how == "session":
         # Session auth needs the CSRF header (a token request is not a browser's).
         rejected = csrf_protect(lambda r: None)(request)
         if rejected is not None:
             return error_response(403, "X-CSRFToken", "CSRF check failed")
-    run = _run_or_404(run_id)
+    require(request, ACK_PERMISSION)
+    run = _run_or_404(request, run_id)
+    if not permissions.records_delivery(user, run.owner_id, request.api_scopes):
+        raise ApiError(403, None, "only the run's owner records what its client was shown")
     body = parse_body(request, AckBody)
     try:
         result = stream.record_ack(run, body.through, now=time_source.now())
@@ -300,7 +326,12 @@ def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
     )
 
 
+# Observed chunks are the client's evidence (R7.2): its owner's, who submits runs.
+ACK_PERMISSION = permissions.SUBMIT_RUN
+
+
 @csrf_exempt
+@permissions.declared(POST=ACK_PERMISSION)
 def run_acks(request: HttpRequest, run_id: str) -> JsonResponse:
     """POST /api/v1/runs/{id}/acks {"through": n} — R7.2/R7.3: observed chunks 1 … n."""
     if request.method != "POST":

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.base import ApiError, api_view, parse_query, require
+from dashboard.api.base import ApiError, api_view, parse_query
 from dashboard.api.schemas import InsightsQuery
 from dashboard.queries import insights as q
 from dashboard.site import permissions
@@ -44,9 +44,8 @@ def row_json(row: TierRow) -> dict[str, Any]:
     }
 
 
-@api_view(("GET",))
+@api_view(("GET",), permission=permissions.VIEW_INSIGHTS)
 def reprobes(request: HttpRequest) -> JsonResponse:
-    require(request, permissions.VIEW_INSIGHTS)
     query = parse_query(request, InsightsQuery)
     until = query.until or time_source.now()
     since = query.since or until - DEFAULT_PERIOD

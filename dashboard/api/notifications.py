@@ -7,7 +7,7 @@ from typing import Any
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.base import ApiError, api_view, iso, page, parse_query, require
+from dashboard.api.base import ApiError, api_view, iso, page, parse_query
 from dashboard.api.schemas import NotificationQuery
 from dashboard.site import permissions
 from governance import services, time_source
@@ -47,7 +47,11 @@ def notification_json(notification: Notification) -> dict[str, Any]:
 @api_view(("GET",))
 def notifications(request: HttpRequest) -> JsonResponse:
     query = parse_query(request, NotificationQuery)
-    rows = Notification.objects.select_related("segment", "acked_by")
+    # A service account reads the alerts of its own threads' segments.
+    rows = permissions.visible(
+        Notification.objects.select_related("segment", "acked_by"),
+        request.api_user, request.api_scopes, owner="segment__thread__created_by",
+    )  # fmt: skip
     if query.state == "unacknowledged":
         rows = rows.filter(acked_at__isnull=True)
     elif query.state == "acknowledged":
@@ -64,10 +68,9 @@ def notifications(request: HttpRequest) -> JsonResponse:
     )
 
 
-@api_view(("POST",), atomic=True)
+@api_view(("POST",), permission=permissions.ACKNOWLEDGE, atomic=True)
 def acknowledge_notification(request: HttpRequest, notification_id: str) -> JsonResponse:
     """R8.2 over the API, as the inbox's button: once; a second answers who was first."""
-    require(request, permissions.ACKNOWLEDGE)
     try:
         notification, changed = services.acknowledge_notification(
             _notification_pk(notification_id), user=request.api_user, now=time_source.now()

@@ -15,12 +15,14 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
+from django.urls import resolve
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from dashboard.api import schemas as s
 from dashboard.api.base import error_response
+from governance.roles import ACTIONS
 
 REF = "#/components/schemas/{model}"
 
@@ -301,12 +303,26 @@ def _content(model: type[BaseModel] | None, media_type: str) -> dict[str, Any]:
     return {media_type: {"schema": {"$ref": REF.format(model=model.__name__)}}}
 
 
+def declared_permission(op: Operation) -> str | None:
+    """The codename the operation's view declares it checks (None: a read any token may make)."""
+    view = resolve(re.sub(r"\{[^}]+\}", "x", op.path)).func
+    needed = view.required_permissions[op.method.upper()]
+    return needed.split(".", 1)[1] if needed else None
+
+
 def _operation(op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {
         str(status): {"description": words, "content": _content(model, op.media_type)}
         for status, (words, model) in op.answers.items()
     }
-    for status in (*op.errors, 503) if 500 in op.errors else op.errors:
+    errors, description = op.errors, op.description
+    needed = declared_permission(op)
+    if needed is not None:
+        # What the view checks, said once: its 403 and the permission's name.
+        errors = tuple(sorted({*errors, 403}))
+        if f"`{needed}`" not in description:
+            description = f"Needs the `{needed}` permission (to {ACTIONS[needed]}). {description}"
+    for status in (*errors, 503) if 500 in errors else errors:
         responses[str(status)] = {
             "description": ERRORS[status],
             "content": _content(s.ErrorAnswer, "application/json"),
@@ -319,8 +335,8 @@ def _operation(op: Operation) -> dict[str, Any]:
         "parameters": list(op.parameters),
         "responses": responses,
     }
-    if op.description:
-        described["description"] = op.description
+    if description.strip():
+        described["description"] = description.strip()
     if op.body is not None:
         described["requestBody"] = {
             "required": True,
@@ -348,7 +364,9 @@ def openapi_document() -> dict[str, Any]:
                 'input answers 4xx with `{"error": {"field": …, "message": …}}` and writes '
                 "nothing; bodies are JSON objects of at most "
                 f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes, and unknown fields are "
-                "refused by name."
+                "refused by name. Threads and runs belong to the user who created them: "
+                "without `see_all_runs` (a service account) a token sees and acts on its "
+                "user's own only, and someone else's answers 404."
             ),
         },
         "servers": [{"url": "/"}],

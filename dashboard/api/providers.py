@@ -7,7 +7,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from pydantic import BaseModel
 
-from dashboard.api.base import ApiError, api_view, by_method, parse_body, require
+from dashboard.api.base import ApiError, api_view, by_method, parse_body
 from dashboard.api.schemas import ProviderCreate, ProviderUpdate
 from dashboard.queries.secrets import secret_present
 from dashboard.site import permissions
@@ -85,9 +85,8 @@ def list_providers(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"items": [provider_json(p) for p in rows]})
 
 
-@api_view(("POST",))
+@api_view(("POST",), permission=permissions.MANAGE_PROVIDERS)
 def create_provider(request: HttpRequest) -> JsonResponse:
-    require(request, permissions.MANAGE_PROVIDERS)
     body = parse_body(request, ProviderCreate)
     values = _provider_settings(body, kind=body.kind, exclude_none=False)
     try:
@@ -109,9 +108,8 @@ def provider_detail(request: HttpRequest, provider_id: str) -> JsonResponse:
     return JsonResponse(provider_json(_provider(provider_id)))
 
 
-@api_view(("PATCH",))
+@api_view(("PATCH",), permission=permissions.MANAGE_PROVIDERS)
 def update_provider(request: HttpRequest, provider_id: str) -> JsonResponse:
-    require(request, permissions.MANAGE_PROVIDERS)
     kind = _provider(provider_id).kind  # 404 before judging the body
     body = parse_body(request, ProviderUpdate)
     try:

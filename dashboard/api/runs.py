@@ -22,11 +22,11 @@ from dashboard.api.base import (
     parse_body,
     parse_query,
     parse_uuid,
-    require,
+    require_visible,
 )
 from dashboard.api.schemas import RunQuery, RunSubmit
 from dashboard.queries import costs
-from dashboard.queries.run_detail import receipt_latency_ms, run_facts
+from dashboard.queries.run_detail import RunFacts, receipt_latency_ms, run_facts
 from dashboard.site import permissions
 from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
@@ -40,7 +40,7 @@ from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
 from governance.services.errors import RunSettled
-from governance.services.stream import run_is_settled
+from governance.services.stream import run_is_settled, run_settled_and_owner
 from tasks import instrumentation as spans
 
 
@@ -48,8 +48,10 @@ def run_json(run_id: uuid.UUID, *, settled_only: bool = False) -> dict[str, Any]
     """The run as ``GET /api/v1/runs/{id}`` answers it (None: no such run).
     ``settled_only``: None while the run is not settled (nothing is built)."""
     facts = run_facts(run_id, settled_only=settled_only)
-    if facts is None:
-        return None
+    return None if facts is None else run_answer(facts)
+
+
+def run_answer(facts: RunFacts) -> dict[str, Any]:
     run = facts.run
     priced = [(a, attempt_cost(a.usage, costs.prices_of(a.provider))) for a in facts.attempts]
     return {
@@ -154,7 +156,7 @@ def db_value(model, value):
 
 THREAD_AND_OPEN_SEGMENT = sql.Read(
     {
-        **sql.fields_of(Thread, "id", "callback_url"),
+        **sql.fields_of(Thread, "id", "callback_url", "created_by"),
         **sql.fields_of(Segment, "id", "key", prefix="segment_"),
     },
     f"FROM {sql.table(Thread)} LEFT JOIN {sql.table(Segment)}"
@@ -164,13 +166,15 @@ THREAD_AND_OPEN_SEGMENT = sql.Read(
 )
 
 
-def _thread_and_open_segment(thread_id: str) -> tuple[Thread, Segment | None]:
+def _thread_and_open_segment(request: HttpRequest, thread_id: str) -> tuple[Thread, Segment | None]:
     """What a submit needs of the thread and its open segment, in one statement
-    (their other fields are read if something asks for them)."""
+    (their other fields are read if something asks for them); 404 for a thread
+    the token's user may not see."""
     found = THREAD_AND_OPEN_SEGMENT.rows(db_value(Thread, parse_uuid(thread_id, "thread")))
     if not found:
         raise ApiError(404, None, "no such thread")
     row = found[0]
+    require_visible(request, row.created_by, "thread")
     thread = Thread.from_db(connection.alias, ["id", "callback_url"], [row.id, row.callback_url])
     if row.segment_id is None:
         return thread, None  # the service looks for it (and finds none)
@@ -180,10 +184,9 @@ def _thread_and_open_segment(thread_id: str) -> tuple[Thread, Segment | None]:
     return thread, segment
 
 
-@api_view(("POST",), atomic=True)
+@api_view(("POST",), permission=permissions.SUBMIT_RUN, atomic=True)
 def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
-    require(request, permissions.SUBMIT_RUN)
-    thread, segment = _thread_and_open_segment(thread_id)
+    thread, segment = _thread_and_open_segment(request, thread_id)
     body = parse_body(request, RunSubmit)
     run_id = uuid.uuid4()
     # The run's trace is allocated with its id and stored with the run (no second write).
@@ -217,10 +220,11 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     wait_s = parse_query(request, RunQuery).wait if request.GET else None
     key = parse_uuid(run_id, "run")
     if not wait_s:
-        answer = run_json(key)
-        if answer is None:
+        facts = run_facts(key)
+        if facts is None:
             raise ApiError(404, None, "no such run")
-        return JsonResponse(answer)
+        require_visible(request, facts.run.owner_id, "run")
+        return JsonResponse(run_answer(facts))
 
     def answer(*, settled_only: bool) -> bytes | None:
         """The run's answer; with ``settled_only``, None while it is not settled:
@@ -234,9 +238,11 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         return JsonResponse(found).content
 
     looked_at = time.monotonic()
-    settled = run_is_settled(key)  # one small read: exists, settled
-    if settled is None:
+    found = run_settled_and_owner(key)  # one small read: exists, settled, whose
+    if found is None:
         raise ApiError(404, None, "no such run")
+    settled, owner_id = found
+    require_visible(request, owner_id, "run")
     if settled:
         return HttpResponse(answer(settled_only=False), content_type="application/json")
     # Not settled: the answer waits for the settlement (dashboard/api/waits.py).
@@ -259,16 +265,13 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     return response
 
 
-@api_view(("POST",))
+@api_view(("POST",), permission=permissions.CANCEL_RUN)
 def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
     try:
         run = Run.objects.get(id=parse_uuid(run_id, "run"))
     except Run.DoesNotExist:
         raise ApiError(404, None, "no such run") from None
-    if not permissions.may_stop(request.api_user, run, request.api_scopes):
-        raise ApiError(
-            403, None, permissions.refusal(permissions.CANCEL_RUN) + " (or your own run)"
-        )
+    require_visible(request, run.owner_id, "run")
     try:
         services.request_cancel(run, by=request.api_user.get_username(), now=time_source.now())
     except RunSettled as exc:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.base import ApiError, api_view
+from dashboard.api.base import ApiError, api_view, require_visible
 from governance import services, time_source
 from governance.models import Segment
 from governance.rules.refusal import RefusalError, parse_segment_key
@@ -39,6 +39,7 @@ def segment_detail(request: HttpRequest, segment_key: str) -> JsonResponse:
         segment = Segment.objects.select_related("thread").get(key=segment_key)
     except (RefusalError, Segment.DoesNotExist):
         raise ApiError(404, None, "no such segment") from None
+    require_visible(request, segment.thread.created_by_id, "segment")
     answer = segment_json(segment, time_source.now())
     answer["thread_id"] = str(segment.thread_id)
     return JsonResponse(answer)

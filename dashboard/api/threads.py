@@ -17,7 +17,7 @@ from dashboard.api.base import (
     parse_body,
     parse_query,
     parse_uuid,
-    require,
+    require_visible,
 )
 from dashboard.api.schemas import BoundaryApply, ThreadCreate, ThreadQuery
 from dashboard.api.segments import segment_json
@@ -40,7 +40,7 @@ def thread_json(thread: Thread) -> dict[str, Any]:
     }
 
 
-@api_view(("POST",))
+@api_view(("POST",), permission=permissions.SUBMIT_RUN)
 def create_thread(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, ThreadCreate)
     thread = services.create_thread(
@@ -51,9 +51,15 @@ def create_thread(request: HttpRequest) -> JsonResponse:
     return JsonResponse(answer, status=201)
 
 
+def _thread(request: HttpRequest, thread_id: str) -> Thread:
+    thread = get_or_404(Thread, id=parse_uuid(thread_id, "thread"))
+    require_visible(request, thread.created_by_id, "thread")
+    return thread
+
+
 @api_view(("GET",))
 def thread_detail(request: HttpRequest, thread_id: str) -> JsonResponse:
-    thread = get_or_404(Thread, id=parse_uuid(thread_id, "thread"))
+    thread = _thread(request, thread_id)
     body = thread_json(thread)
     body["segment"] = segment_json(services.open_segment(thread), time_source.now())
     return JsonResponse(body)
@@ -61,14 +67,14 @@ def thread_detail(request: HttpRequest, thread_id: str) -> JsonResponse:
 
 @api_view(("GET",))
 def thread_segment(request: HttpRequest, thread_id: str) -> JsonResponse:
-    thread = get_or_404(Thread, id=parse_uuid(thread_id, "thread"))
+    thread = _thread(request, thread_id)
     return JsonResponse(segment_json(services.open_segment(thread), time_source.now()))
 
 
-@api_view(("POST",))
+# R8.3: the permission of the dashboard's boundary buttons.
+@api_view(("POST",), permission=permissions.APPLY_BOUNDARY)
 def apply_boundary(request: HttpRequest, thread_id: str) -> JsonResponse:
-    thread = get_or_404(Thread, id=parse_uuid(thread_id, "thread"))
-    require(request, permissions.APPLY_BOUNDARY)  # R8.3: like the dashboard button
+    thread = _thread(request, thread_id)
     body = parse_body(request, BoundaryApply)
     segment, created = services.apply_boundary(
         thread,
@@ -98,7 +104,10 @@ def thread_list_json(thread: Thread, open_segments: dict) -> dict[str, Any]:
 @api_view(("GET",))
 def list_threads(request: HttpRequest) -> JsonResponse:
     query = parse_query(request, ThreadQuery)
-    items, next_cursor = page(Thread.objects.all(), query, uuid.UUID)
+    threads = permissions.visible(
+        Thread.objects.all(), request.api_user, request.api_scopes, owner="created_by"
+    )
+    items, next_cursor = page(threads, query, uuid.UUID)
     open_segments = dict(
         Segment.objects.filter(thread__in=items, closed_at__isnull=True).values_list(
             "thread_id", "key"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.base import ApiError, api_view, by_method, parse_body, require
+from dashboard.api.base import ApiError, api_view, by_method, parse_body
 from dashboard.api.schemas import ToolCreate, ToolUpdate
 from dashboard.queries.tools import tool_detail_json, tool_json
 from dashboard.site import permissions
@@ -48,9 +48,8 @@ def list_tools(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"items": [tool_json(s) for s in ToolServer.objects.order_by("name")]})
 
 
-@api_view(("POST",))
+@api_view(("POST",), permission=permissions.MANAGE_TOOLS)
 def create_tool(request: HttpRequest) -> JsonResponse:
-    require(request, permissions.MANAGE_TOOLS)
     body = parse_body(request, ToolCreate)
     values = body.model_dump(exclude={"name", "kind", "url"}, exclude_none=True)
     try:
@@ -71,9 +70,8 @@ def tool_detail(request: HttpRequest, name: str) -> JsonResponse:
     return JsonResponse(tool_detail_json(_server(name)))
 
 
-@api_view(("PATCH",))
+@api_view(("PATCH",), permission=permissions.MANAGE_TOOLS)
 def update_tool(request: HttpRequest, name: str) -> JsonResponse:
-    require(request, permissions.MANAGE_TOOLS)
     server = _server(name)  # 404 before judging the body
     body = parse_body(request, ToolUpdate)
     changes = body.model_dump(exclude={"reason", "refresh"}, exclude_none=True)

@@ -13,21 +13,19 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.queries import alerts as queries
+from dashboard.site import permissions
 from governance import services, time_source
 from governance.models import Notification
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
 
 PER_PAGE = 25
-ACK_PERMISSION = "governance.acknowledge_notification"
 
 
 class AlertFilters(forms.Form):
@@ -54,8 +52,8 @@ def _inbox_query(data: QueryDict) -> str:
     return urlencode(keep)
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def alerts(request: HttpRequest) -> HttpResponse:
     """The inbox. ``?fragment=critical`` answers only the live count of
     unacknowledged critical alerts (the overview polls it)."""
@@ -96,13 +94,11 @@ def alerts(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@require_POST
 @login_required
+@permissions.requires(POST=permissions.ACKNOWLEDGE)
 def acknowledge(request: HttpRequest, notification_id: int) -> HttpResponse:
     """One click: record who and when (once). htmx gets the updated row back;
     a plain form POST is redirected to the inbox with its filters kept."""
-    if not request.user.has_perm(ACK_PERMISSION):
-        raise PermissionDenied("Acknowledging alerts needs the on-call or operator role.")
     try:
         notification, changed = services.acknowledge_notification(
             notification_id, user=request.user, now=time_source.now()

@@ -10,9 +10,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard.api.openapi import openapi_document
+from dashboard.site import permissions
 
 
 @login_required
+@permissions.requires(GET=None)
 def api_reference(request: HttpRequest) -> HttpResponse:
     """/docs/api/ — the same description, as a page: each endpoint, its body and answers."""
     document = openapi_document()

@@ -11,9 +11,9 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
 
 from dashboard.queries import audit as queries
+from dashboard.site import permissions
 
 PAGE_SIZE = 25
 
@@ -47,8 +47,8 @@ class AuditFilters(forms.Form):
         return data
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def audit_log(request: HttpRequest) -> HttpResponse:
     form = AuditFilters(request.GET, choices=queries.filter_choices())
     valid = form.is_valid()

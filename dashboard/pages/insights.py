@@ -14,18 +14,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
 
 from dashboard.pages.reports import PeriodForm, csv_safe
 from dashboard.pages.streaming import bad_filters, csv_response
 from dashboard.queries import insights as q
+from dashboard.site import permissions
 from dashboard.site.env import parse_duration
-from dashboard.site.permissions import VIEW_INSIGHTS
 from dashboard.site.status import human_duration
 from governance import services, time_source
 from governance.rules.insights import ScheduleReplay, TierRow, WhatIf, tier_label
@@ -297,9 +296,8 @@ def _range_words(form: InsightsForm) -> str:
     return f"from {start.at:%Y-%m-%d %H:%M} to {end.at:%Y-%m-%d %H:%M} UTC"
 
 
-@require_GET
 @login_required
-@permission_required(VIEW_INSIGHTS, raise_exception=True)
+@permissions.requires(GET=permissions.VIEW_INSIGHTS)
 def insights(request: HttpRequest) -> HttpResponse:
     now = time_source.now()
     form = _form(request, now)
@@ -360,9 +358,8 @@ class _Echo:
         return value
 
 
-@require_GET
 @login_required
-@permission_required(VIEW_INSIGHTS, raise_exception=True)
+@permissions.requires(GET=permissions.VIEW_INSIGHTS)
 def insights_csv(request: HttpRequest) -> HttpResponse:
     """The same filters as the page: the per-tier totals, then every detailed row."""
     form = _form(request, time_source.now())

@@ -6,15 +6,15 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
 
 from dashboard.queries import overview as overview_queries
+from dashboard.site import permissions
 from dashboard.site.status import queue_report, refusal_rule_summary, system_status
 from governance import time_source
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def overview(request: HttpRequest) -> HttpResponse:
     """State first: critical alerts, refusal trouble, runs, providers, clocks.
 
@@ -49,7 +49,7 @@ def _clock_scale(clocks: list[dict]) -> int:
     return max([1, *values])
 
 
-@require_GET
+@permissions.requires(GET=permissions.ANYONE)
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness for load balancers: 200 when the database and the broker

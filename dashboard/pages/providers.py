@@ -10,15 +10,14 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.queries import providers as queries
 from dashboard.queries import segments as queries_segments
+from dashboard.site import permissions
 from dashboard.site.env import parse_duration
 from dashboard.site.permissions import MANAGE_PROVIDERS
 from dashboard.site.status import human_duration
@@ -198,14 +197,14 @@ def _page(
     )
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def providers(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
-@require_http_methods(["GET", "POST"])
 @login_required
+@permissions.requires(GET=MANAGE_PROVIDERS, POST=MANAGE_PROVIDERS)
 def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
     """Set a provider's prices per million tokens and their currency.
     Empty means "no price": its requests then say so instead of costing 0.
@@ -215,8 +214,8 @@ def provider_prices(request: HttpRequest, provider_id: str) -> HttpResponse:
     return _change(request, provider_id, PriceForm, "prices", "bad", lambda f: f.changes())
 
 
-@require_http_methods(["GET", "POST"])
 @login_required
+@permissions.requires(GET=MANAGE_PROVIDERS, POST=MANAGE_PROVIDERS)
 def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
     """A provider's own re-probe schedule (R3.2). A refusal under way keeps
     the schedule it started under; the new one applies to refusals that start later.
@@ -230,8 +229,6 @@ def provider_schedule(request: HttpRequest, provider_id: str) -> HttpResponse:
 
 
 def _provider_for_change(request: HttpRequest, provider_id: str, what: str) -> Provider:
-    if not request.user.has_perm(MANAGE_PROVIDERS):
-        raise PermissionDenied(f"changing a provider's {what} needs the change_provider permission")
     provider = Provider.objects.filter(provider_id=provider_id).first()
     if provider is None:
         raise Http404("no such provider")

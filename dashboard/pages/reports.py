@@ -13,24 +13,24 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
 
 from dashboard.pages import report_html
 from dashboard.pages.streaming import bad_filters, csv_response
 from dashboard.queries import costs
 from dashboard.queries import report as q
+from dashboard.site import permissions
 from governance import time_source
 from governance.services import deliveries
 
 PER_PAGE = 25
 MAX_DAYS = 366
 CHART_MAX_GROUPS = 60
-PERMISSION = "governance.view_delivery_report"
+PERMISSION = permissions.VIEW_REPORT
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?$")
@@ -385,9 +385,8 @@ def _split(cells: list[str]) -> tuple[list[str], list[str]]:
     return cells[:-COST_COLUMNS], cells[-COST_COLUMNS:]
 
 
-@require_GET
 @login_required
-@permission_required(PERMISSION, raise_exception=True)
+@permissions.requires(GET=PERMISSION)
 def delivery_report(request: HttpRequest) -> HttpResponse:
     """R7.4/R8.4: outcome vs committed/sent/observed chunks and callbacks, per run and group."""
     now = time_source.now()
@@ -438,9 +437,8 @@ def _filename_part(bound: Any) -> str:
     return re.sub(r"[^0-9A-Za-z-]", "", bound.text)
 
 
-@require_GET
 @login_required
-@permission_required(PERMISSION, raise_exception=True)
+@permissions.requires(GET=PERMISSION)
 def delivery_report_csv(request: HttpRequest) -> HttpResponse:
     """R8.4: the same filters and grouping as the page: aggregate rows, then discrepancy rows."""
     form = _form(request, time_source.now())

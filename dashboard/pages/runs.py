@@ -10,13 +10,13 @@ import uuid
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
 
 from dashboard.pages import run_html
 from dashboard.queries import costs
 from dashboard.queries import runs as queries
+from dashboard.site import permissions
 from governance import time_source
 from governance.models import Provider, Run
 
@@ -77,15 +77,16 @@ class RunFilterForm(forms.Form):
         )
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def runs(request: HttpRequest) -> HttpResponse:
     params = request.GET.copy()
     params.pop("page", None)
     form = RunFilterForm(params or None)
     valid = form.is_valid() if form.is_bound else True
     filters = form.filters()
-    page = Paginator(queries.run_list(filters), PAGE_SIZE).get_page(request.GET.get("page"))
+    listed = permissions.visible(queries.run_list(filters), request.user)
+    page = Paginator(listed, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form,
         "filters": filters,
@@ -96,10 +97,12 @@ def runs(request: HttpRequest) -> HttpResponse:
     return render(request, template, context, status=200 if valid else 400)
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     page = queries.run_page(run_id, time_source.now())
+    if not permissions.may_see(request.user, page.run.owner_id):
+        raise Http404("no such run")  # someone else's, as over the API
     template = "runs/detail.html#run-body" if request.htmx else "runs/detail.html"
     cost = costs.summary_view(costs.loaded_costs(page.attempts))  # sets each one's cost_words
     context = {

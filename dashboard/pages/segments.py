@@ -17,12 +17,12 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
 from dashboard.pages import segment_html
 from dashboard.queries import costs
 from dashboard.queries import segments as queries
+from dashboard.site import permissions
 from dashboard.site.status import human_duration
 from governance import services, time_source
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
@@ -35,7 +35,7 @@ from governance.rules.segments import (
 
 PAGE_SIZE = 25
 TIMELINE_PAGE = 50
-PERMISSION = "governance.apply_boundary"
+PERMISSION = permissions.APPLY_BOUNDARY
 
 # Which boundaries an operator may force is the rule's (R1.3/R8.3); the page
 # only names them. A kind the rule adds without a name here fails at import.
@@ -94,8 +94,8 @@ class SegmentFilters(forms.Form):
         self.fields["provider"].choices = [("", "Any provider")] + [(p, p) for p in providers]
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def segments(request: HttpRequest) -> HttpResponse:
     now = time_source.now()
     delays = services.reprobe_delays()
@@ -152,8 +152,8 @@ def _parse_before(value: str | None) -> tuple[datetime | None, bool]:
     return moment, True
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     segment = queries.segment_for_page(segment_id)
     before, readable = _parse_before(request.GET.get("before"))
@@ -261,14 +261,17 @@ def _go(request: HttpRequest, url: str) -> HttpResponse:
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
 
 
-@require_http_methods(["GET", "POST"])
+def _forbidden(request: HttpRequest, segment_id: int) -> HttpResponse:
+    segment = queries.segment_for_page(segment_id)  # 404 first: an unknown segment
+    return render(request, "segments/forbidden.html", {"segment": segment}, status=403)
+
+
 @login_required
+@permissions.requires(_forbidden, GET=PERMISSION, POST=PERMISSION)
 def apply_boundary(request: HttpRequest, segment_id: int) -> HttpResponse:
     """R8.3: GET is the confirm step (what will change, a required reason, a fresh
     idempotency key); POST applies it through the service, once per key."""
     segment = queries.segment_for_page(segment_id)
-    if not request.user.has_perm(PERMISSION):
-        return render(request, "segments/forbidden.html", {"segment": segment}, status=403)
     if request.method == "GET":
         if segment.closed_at is not None:
             return _closed(request, segment)

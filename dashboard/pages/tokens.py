@@ -7,8 +7,8 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods, require_POST
 
+from dashboard.site import permissions
 from governance import time_source
 from governance.models import ApiToken
 from governance.roles import ACTIONS
@@ -40,7 +40,8 @@ def _visible(request: HttpRequest):
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+# A token is its user's own, and never wider than its role (scopes narrow).
+@permissions.requires(GET=None, POST=permissions.SIGNED_IN)
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None, user=request.user)
     # Shown once: kept in the session across the redirect, so a reload neither
@@ -65,7 +66,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_POST
+@permissions.requires(POST=permissions.SIGNED_IN)  # its own (staff: any)
 def revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     row = _visible(request).filter(id=token_id).first()
     if row is None:

@@ -9,15 +9,15 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
 
 from dashboard.queries.tools import tool_detail_json
+from dashboard.site import permissions
 from governance.models import ToolServer
 from tasks.tools import TOOL_SPECS
 
 
-@require_GET
 @login_required
+@permissions.requires(GET=None)
 def tools(request: HttpRequest) -> HttpResponse:
     rows = [tool_detail_json(server) for server in ToolServer.objects.order_by("name")]
     return render(request, "tools/list.html", {"rows": rows, "builtins": sorted(TOOL_SPECS)})

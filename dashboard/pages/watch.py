@@ -8,7 +8,6 @@ import uuid
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_POST
 
 from dashboard.api.base import error_response
 from dashboard.site import permissions
@@ -18,10 +17,16 @@ from governance.services import stream as stream
 from governance.services.errors import RunSettled
 
 
+def _visible_run(request: HttpRequest, run_id: uuid.UUID) -> Run:
+    """The run if the user may see it; someone else's is a 404 (as over the API)."""
+    return get_object_or_404(permissions.visible(Run.objects.all(), request.user), id=run_id)
+
+
 @login_required
+@permissions.requires(GET=None)
 def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     """/runs/{id}/watch — the end-user page: streams the answer, Stop, acks."""
-    run = get_object_or_404(Run, id=run_id)
+    run = _visible_run(request, run_id)
     settlement = Settlement.objects.filter(run=run).first()
     can_stop = permissions.may_stop(request.user, run)
     return render(
@@ -29,13 +34,11 @@ def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     )
 
 
-@require_POST
 @login_required
+@permissions.requires(POST=permissions.CANCEL_RUN)
 def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     """POST /runs/{id}/stop — the Stop button: an explicit user stop (R7.1), like the API."""
-    run = get_object_or_404(Run, id=run_id)
-    if not permissions.may_stop(request.user, run):
-        return error_response(403, None, permissions.refusal(permissions.CANCEL_RUN))
+    run = _visible_run(request, run_id)
     try:
         services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
     except RunSettled as exc:

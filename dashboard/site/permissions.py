@@ -4,16 +4,29 @@ One name per action; the actions and their words are
 ``governance.roles.ACTIONS``. A user holds permissions through its role
 (Django groups, ``governance/roles.py``); an API token may narrow them
 further with its scopes (an empty scope list means "what its user may do").
+
+Every view declares, per HTTP method, the permission it checks
+(:func:`requires` for pages, ``dashboard.api.base.api_view`` for the API); a
+test walks the URL map and fails on a write that declares none.
+
+Ownership: threads and runs belong to the user who created them. Without
+``see_all_runs`` (a service account, the agent-client role) a user sees and
+acts on its own only; someone else's answers 404, as if it did not exist.
 """
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Callable
+from functools import cache, wraps
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpResponseNotAllowed
 
 from governance.roles import ACTIONS
 from governance.services import statements as sql
@@ -26,6 +39,13 @@ VIEW_REPORT = "governance.view_delivery_report"
 VIEW_INSIGHTS = "governance.view_insights"
 MANAGE_PROVIDERS = "governance.change_provider"
 MANAGE_TOOLS = "governance.change_toolserver"
+SEE_ALL_RUNS = "governance.see_all_runs"
+# Declared by a write on the user's own things only (its API tokens): being
+# signed in is the check. Never a write on shared facts.
+SIGNED_IN = "signed-in"
+# Declared by sign-in itself (the login form).
+ANYONE = "anyone"
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def allowed(user, permission: str, scopes=()) -> bool:
@@ -40,12 +60,69 @@ def refusal(permission: str) -> str:
     return f"this needs the '{codename}' permission (to {ACTIONS[codename]})"
 
 
+def sees_all(user, scopes=()) -> bool:
+    """People with a role see every thread and run; a service account its own."""
+    return allowed(user, SEE_ALL_RUNS, scopes)
+
+
+def may_see(user, owner_id: Any, scopes=()) -> bool:
+    """The user owns it, or sees everything."""
+    return (owner_id is not None and owner_id == user.pk) or sees_all(user, scopes)
+
+
+def visible(rows: QuerySet, user, scopes=(), *, owner: str = "owner") -> QuerySet:
+    """``rows`` narrowed to the user's own unless it sees everything."""
+    return rows if sees_all(user, scopes) else rows.filter(Q(**{owner: user}))
+
+
 def may_stop(user, run, scopes=()) -> bool:
-    """R7.1: the user who asked may stop their own run; others need cancel_run."""
-    if allowed(user, CANCEL_RUN, scopes):
-        return True
-    own = bool(user.get_username()) and run.authorization.get("user") == user.get_username()
-    return own and (not scopes or CANCEL_RUN.split(".", 1)[1] in scopes)
+    """R7.1: a user who may see the run stops it with cancel_run (a service
+    account: its own runs only)."""
+    return allowed(user, CANCEL_RUN, scopes) and may_see(user, run.owner_id, scopes)
+
+
+def records_delivery(user, owner_id: Any, scopes=()) -> bool:
+    """R7.2: what a client was sent and shown is evidence only from the run's
+    owner (who submits runs): a staff member watching never marks it."""
+    return owner_id is not None and owner_id == user.pk and allowed(user, SUBMIT_RUN, scopes)
+
+
+def declared(**by_method: str | None) -> Callable:
+    """:func:`declare` as a decorator, for a view that checks by itself."""
+    return lambda view: declare(view, by_method)
+
+
+def declare(view: Callable, by_method: dict[str, str | None]) -> Callable:
+    """Record on ``view`` what each method needs (None: any signed-in user may
+    read); outer decorators copy it (``functools.wraps``)."""
+    view.required_permissions = dict(by_method)
+    return view
+
+
+def requires(refused: Callable | None = None, **by_method: str | None) -> Callable:
+    """A page's permission per method, declared and checked: any other method
+    answers 405, a user without the permission 403 (a signed-in user; put it
+    inside ``login_required``). ``GET=None``: any signed-in user may read.
+    ``refused(request, *args, **kwargs)``: the page's own 403 answer."""
+
+    def decorate(view: Callable) -> Callable:
+        @wraps(view)
+        def checked(request, *args, **kwargs):
+            if request.method == "HEAD" and "GET" in by_method:
+                needed = by_method["GET"]
+            elif request.method in by_method:
+                needed = by_method[request.method]
+            else:
+                return HttpResponseNotAllowed(list(by_method))
+            if needed not in (None, SIGNED_IN, ANYONE) and not allowed(request.user, needed):
+                if refused is not None:
+                    return refused(request, *args, **kwargs)
+                raise PermissionDenied(refusal(needed))
+            return view(request, *args, **kwargs)
+
+        return declare(checked, by_method)
+
+    return decorate
 
 
 @cache

@@ -6,11 +6,22 @@ from django.urls import path
 
 from dashboard.api.urls import api_patterns
 from dashboard.pages.urls import page_patterns
+from dashboard.site import permissions
 
 urlpatterns = [
     *page_patterns,
-    path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "login/",
+        permissions.declare(
+            auth_views.LoginView.as_view(), {"GET": permissions.ANYONE, "POST": permissions.ANYONE}
+        ),
+        name="login",
+    ),
+    path(
+        "logout/",
+        permissions.declare(auth_views.LogoutView.as_view(), {"POST": permissions.SIGNED_IN}),
+        name="logout",
+    ),
     path("admin/", admin.site.urls),
     *api_patterns,
 ]

@@ -112,6 +112,7 @@ def submit_run(
         created_at=now,
         last_progress_at=now,
         authorization=_authorization(user, now),
+        owner=user if getattr(user, "pk", None) is not None else None,
         idempotency_key=idempotency_key or None,
         trace_context=trace_context or {},
         callback_url=thread.callback_url,

@@ -97,18 +97,26 @@ def detach_viewer(connection_id: str, *, now: datetime) -> RunViewer | None:
     return viewer
 
 
-# A run's existence and whether it is settled, in one fixed statement: no row, no
-# run. Every look of a waiting ``?wait=`` answer asks it.
+# A run's existence, whether it is settled and its owner, in one fixed statement:
+# no row, no run. Every look of a waiting ``?wait=`` answer asks it.
 RUN_SETTLED = (
     f"SELECT EXISTS (SELECT 1 FROM {sql.table(Settlement)}"
-    f" WHERE run_id = {sql.table(Run)}.id) FROM {sql.table(Run)} WHERE {sql.table(Run)}.id = %s"
+    f" WHERE run_id = {sql.table(Run)}.id), {sql.table(Run)}.owner_id"
+    f" FROM {sql.table(Run)} WHERE {sql.table(Run)}.id = %s"
 )
 
 
 def run_is_settled(run_id: Any) -> bool | None:
     """Whether the run has its settlement; None when there is no such run."""
+    found = run_settled_and_owner(run_id)
+    return None if found is None else found[0]
+
+
+def run_settled_and_owner(run_id: Any) -> tuple[bool, Any] | None:
+    """Whether the run has its settlement, and its owner's id; None when there
+    is no such run."""
     found = sql.fetch(RUN_SETTLED, (sql.value(Run, "id", run_id),))
-    return bool(found[0][0]) if found else None
+    return (bool(found[0][0]), found[0][1]) if found else None
 
 
 def events_after(run_id: Any, after_id: int, limit: int = 500) -> list[tuple[int, str, dict]]:

@@ -27,9 +27,14 @@ def token_user(django_user_model):
 
 
 @pytest.fixture
-def run():
-    """A run queued on a thread of one scripted provider (no worker takes it)."""
+def run(token_user):
+    """A run of the token's user queued on a thread of one scripted provider (no
+    worker takes it)."""
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
-    thread = services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
-    the_run, _stage, _ = services.submit_run(thread, input="tell me", now=time_source.now())
+    thread = services.create_thread(
+        provider_chain=["p"], title="t", user=token_user, now=time_source.now()
+    )
+    the_run, _stage, _ = services.submit_run(
+        thread, input="tell me", user=token_user, now=time_source.now()
+    )
     return the_run

@@ -319,7 +319,9 @@ def test_auth_other_users_tokens_do_not_interfere(client, api, django_user_model
     from django.contrib.auth.models import Permission
 
     other = django_user_model.objects.create_user("someone-else")
-    other.user_permissions.add(Permission.objects.get(codename="apply_boundary"))
+    other.user_permissions.add(
+        *Permission.objects.filter(codename__in=["apply_boundary", "see_all_runs"])
+    )
     ApiToken.objects.create(user=other, name="other", key_digest=token_digest("other-token-1234"))
     other_api = JsonApi(client, "other-token-1234")
     other_api.post(boundaries_url(thread), boundary("compact", "k-other"), status=201)
@@ -1360,7 +1362,8 @@ def test_r8_3_forcing_a_boundary_needs_the_permission(client, django_user_model,
     plain = django_user_model.objects.create_user("no-perms")
     ApiToken.objects.create(user=plain, name="plain", key_digest=token_digest("plain-token-1"))
     api = JsonApi(client, "plain-token-1")
-    thread = api.post("/api/v1/threads", {"provider_chain": ["solo"]}).json()
+    made = services.create_thread(provider_chain=["solo"], user=plain, now=manual_clock())
+    thread = {"id": made.id}
     before = (Segment.objects.count(), AuditEntry.objects.count())
     response = api.post(
         f"/api/v1/threads/{thread['id']}/boundaries",

@@ -71,8 +71,9 @@ def _user(django_user_model, name: str, token: str, *codenames: str):
 @pytest.fixture
 def admin_user(django_user_model):
     return _user(
-        django_user_model, "ops-admin", TOKEN, "acknowledge_notification", "change_provider"
-    )
+        django_user_model, "ops-admin", TOKEN, "acknowledge_notification", "change_provider",
+        "see_all_runs", "submit_run",
+    )  # fmt: skip
 
 
 @pytest.fixture

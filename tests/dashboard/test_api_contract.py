@@ -61,6 +61,7 @@ def bearer(django_user_model):
                 "cancel_run",
                 "acknowledge_notification",
                 "change_provider",
+                "see_all_runs",
             ]
         )
     )
@@ -93,11 +94,16 @@ def test_the_live_api_answers_as_described_and_never_500(case, live_server, bear
     )
 
 
-def test_acks_refuse_deep_nesting_and_unknown_fields_with_400(client, bearer, known_thread):
+def test_acks_refuse_deep_nesting_and_unknown_fields_with_400(
+    client, bearer, known_thread, django_user_model
+):
     """Deeply nested JSON in /acks was a RecursionError (500)."""
     from governance import services, time_source
 
-    run, _stage, _ = services.submit_run(known_thread, input="hi", now=time_source.now())
+    owner = django_user_model.objects.get(username="contract")  # acks are the owner's
+    run, _stage, _ = services.submit_run(
+        known_thread, input="hi", user=owner, now=time_source.now()
+    )
     url = f"/api/v1/runs/{run.id}/acks"
     for data, field in (
         (b'{"through": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),

@@ -130,12 +130,12 @@ def user(django_user_model):
 def thread(user):
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
     ToolServer.objects.create(name="files", kind="mcp", url="http://127.0.0.1:9/mcp")
-    return services.create_thread(provider_chain=["p"], title="t", now=time_source.now())
+    return services.create_thread(provider_chain=["p"], title="t", user=user, now=time_source.now())
 
 
 @pytest.fixture
-def run(thread):
-    the_run, _stage, _ = services.submit_run(thread, input="hi", now=time_source.now())
+def run(thread, user):
+    the_run, _stage, _ = services.submit_run(thread, input="hi", user=user, now=time_source.now())
     return the_run
 
 

@@ -136,7 +136,19 @@ def test_anonymous_is_redirected_to_login_from_list_and_run_page(client, thread)
         assert response["Location"].startswith(reverse("login"))
 
 
-@pytest.mark.parametrize("role", ["oncall", "operator", "manager", "outsider"])
+def test_without_see_all_runs_the_pages_show_only_ones_own_runs(client, outsider, thread):
+    theirs = make_run(thread)
+    client.force_login(outsider)
+    listed = client.get(reverse("runs"))
+    assert listed.status_code == 200 and str(theirs.id) not in body_of(listed)
+    assert client.get(reverse("run", args=[theirs.id])).status_code == 404
+    Run.objects.filter(id=theirs.id).update(owner=outsider)
+    listed = client.get(reverse("runs"))
+    assert str(theirs.id) in body_of(listed)
+    assert client.get(reverse("run", args=[theirs.id])).status_code == 200
+
+
+@pytest.mark.parametrize("role", ["oncall", "operator", "manager"])
 def test_every_logged_in_role_reads_both_pages_and_finds_no_action(client, request, role, thread):
     run = make_run(thread)
     client.force_login(request.getfixturevalue(role))

@@ -286,22 +286,27 @@ def looks(monkeypatch):
     from dashboard.api import runs as api
 
     made: list[str] = []
-    look = api.run_is_settled
+    for name in ("run_is_settled", "run_settled_and_owner"):  # later looks, the view's first
+        monkeypatch.setattr(api, name, _counted(getattr(api, name), made))
+    return made
 
+
+def _counted(look, made: list[str]):
     def counted(run_id):
         made.append(str(run_id))
         return look(run_id)
 
-    monkeypatch.setattr(api, "run_is_settled", counted)
-    return made
+    return counted
 
 
 def _another_run(run) -> Run:
     """A second run queued on ``run``'s provider, on a thread of its own."""
     from governance import services
 
-    thread = services.create_thread(provider_chain=["p"], title="t2", now=time_source.now())
-    return services.submit_run(thread, input="and you", now=time_source.now())[0]
+    thread = services.create_thread(
+        provider_chain=["p"], title="t2", user=run.owner, now=time_source.now()
+    )
+    return services.submit_run(thread, input="and you", user=run.owner, now=time_source.now())[0]
 
 
 def _listening(base: str, loop, other_run) -> Asking:
@@ -338,7 +343,7 @@ def test_a_settlement_heard_between_the_look_and_the_watch_is_answered(
     base, loop = uvicorn_server
     other = _another_run(run)
     keeping = _listening(base, loop, other)
-    look = api.run_is_settled
+    look = api.run_settled_and_owner  # the view's first look
 
     def look_then_settle(run_id):
         found = look(run_id)
@@ -347,7 +352,7 @@ def test_a_settlement_heard_between_the_look_and_the_watch_is_answered(
             _until(lambda: str(run.id) in _listener_of(loop).heard)
         return found
 
-    monkeypatch.setattr(api, "run_is_settled", look_then_settle)
+    monkeypatch.setattr(api, "run_settled_and_owner", look_then_settle)
     asking = Asking(base, run, 60)
     body = asking.answer()
     assert body["status"] == "settled" and body["settlement"]["outcome"] == "completed"

@@ -213,20 +213,18 @@ def test_r7_1_stream_and_acks_need_a_token_or_a_session(client, run, make_user):
     assert not RunViewer.objects.exists()
     services.commit_chunks(run, ["a"], time_source.now())
     settle(run)
-    make_user("viewer")
-    client.login(username="viewer", password="pw-for-tests-1")
+    client.login(username="client", password="unused-password-1")  # the run's owner
     response = client.get(f"/api/v1/runs/{run.id}/events")
     assert response.status_code == 200
     assert b"settlement" in b"".join(response.streaming_content)
     assert client.get(f"/runs/{run.id}/watch").status_code == 200
 
 
-def test_r7_3_session_acks_need_the_csrf_header(run, make_user):
+def test_r7_3_session_acks_need_the_csrf_header(run):
     from django.test import Client
 
-    make_user("viewer")
     browser = Client(enforce_csrf_checks=True)
-    browser.login(username="viewer", password="pw-for-tests-1")
+    browser.login(username="client", password="unused-password-1")  # the run's owner
     services.commit_chunks(run, ["a"], time_source.now())
     page = browser.get(f"/runs/{run.id}/watch")
     token = page.context["csrf_token"]

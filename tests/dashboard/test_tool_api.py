@@ -45,7 +45,9 @@ class Api:
 def admin(client, django_user_model):
     user = django_user_model.objects.create_user("tool-admin", password="pw-for-tests-1")
     user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["change_toolserver", "apply_boundary"])
+        *Permission.objects.filter(
+            codename__in=["change_toolserver", "apply_boundary", "submit_run"]
+        )
     )
     ApiToken.objects.create(user=user, name="t", key_digest=token_digest(TOKEN))
     return Api(client, TOKEN)
