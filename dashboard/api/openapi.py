@@ -22,6 +22,7 @@ from pydantic.json_schema import models_json_schema
 
 from dashboard.api import schemas as s
 from dashboard.api.base import error_response
+from dashboard.site import permissions
 from governance.roles import ACTIONS
 
 REF = "#/components/schemas/{model}"
@@ -380,6 +381,7 @@ def openapi_document() -> dict[str, Any]:
 
 
 @csrf_exempt
+@permissions.declared(GET=permissions.ANYONE)
 def openapi_json(request: HttpRequest) -> JsonResponse:
     """GET /api/v1/openapi.json — public: a client generator needs no token."""
     if request.method != "GET":

@@ -12,14 +12,14 @@ urlpatterns = [
     *page_patterns,
     path(
         "login/",
-        permissions.declare(
-            auth_views.LoginView.as_view(), {"GET": permissions.ANYONE, "POST": permissions.ANYONE}
+        permissions.requires(GET=permissions.ANYONE, POST=permissions.ANYONE)(
+            auth_views.LoginView.as_view()
         ),
         name="login",
     ),
     path(
         "logout/",
-        permissions.declare(auth_views.LogoutView.as_view(), {"POST": permissions.SIGNED_IN}),
+        permissions.requires(POST=permissions.SIGNED_IN)(auth_views.LogoutView.as_view()),
         name="logout",
     ),
     path("admin/", admin.site.urls),

@@ -1,0 +1,425 @@
+"""Who may write what (R8): every mutating endpoint, API and dashboard, declares
+the permission it checks, and every role and token scope is tried against
+every write. Where the table says no: 403, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from dashboard.site import permissions
+from governance import services, time_source
+from governance.models import (
+    ApiToken,
+    AuditEntry,
+    BodyChunk,
+    Notification,
+    Provider,
+    Run,
+    Segment,
+    Thread,
+    ToolServer,
+)
+from governance.roles import ACTIONS, ROLES
+from governance.rules.settlement import Outcome, ReasonCode, Settlement
+from governance.services.tokens import token_digest
+from tests import facts as written_facts
+
+pytestmark = pytest.mark.django_db
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+# --------------------------------------------------------------------------- the URL map
+
+
+def routes(patterns=None, prefix=""):
+    """(route, view) of every address but Django's admin (its ModelAdmins check
+    model permissions themselves)."""
+    for entry in get_resolver().url_patterns if patterns is None else patterns:
+        if isinstance(entry, URLResolver):
+            if entry.namespace == "admin":
+                continue
+            yield from routes(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + str(entry.pattern), entry.callback
+
+
+def test_every_view_declares_what_each_of_its_methods_needs():
+    undeclared = [route for route, view in routes() if not hasattr(view, "required_permissions")]
+    assert undeclared == []
+
+
+def test_every_write_names_a_permission_or_says_it_needs_none():
+    """A write's declaration is a permission, or explicitly the signed-in user
+    acting on its own (tokens), or anyone (the login form): never left empty."""
+    for route, view in routes():
+        for method, needed in view.required_permissions.items():
+            if method in WRITES:
+                assert needed, f"{route} {method} declares no permission"
+                assert needed in (permissions.SIGNED_IN, permissions.ANYONE) or (
+                    needed.startswith("governance.") and needed.split(".", 1)[1] in ACTIONS
+                ), (route, method, needed)
+
+
+SAMPLE = {"uuid": str(uuid.uuid4()), "int": "987654", "str": "x", "path": "x", "slug": "x"}
+
+
+def sample_url(route: str) -> str:
+    """The route with a value of each converter's kind (nothing is found by it)."""
+    url = route
+    while "<" in url:
+        start, end = url.index("<"), url.index(">")
+        kind = url[start + 1 : end].split(":")[0] if ":" in url[start:end] else "str"
+        url = url[:start] + SAMPLE[kind] + url[end + 1 :]
+    return "/" + url.lstrip("^").rstrip("$")
+
+
+def test_a_method_a_view_does_not_declare_is_refused_before_anything_runs(client, make_user):
+    """The declaration is honest: a write method it leaves out answers 405 (for
+    an administrator too), so no write can hide behind a read's declaration."""
+    admin = make_user("table-admin", is_superuser=True, is_staff=True)
+    client.force_login(admin)
+    checked = 0
+    for route, view in routes():
+        for method in WRITES:
+            if method in view.required_permissions:
+                continue
+            response = client.generic(method, sample_url(route))
+            assert response.status_code == 405, (route, method, response.status_code)
+            checked += 1
+    assert checked > 40
+
+
+# --------------------------------------------------------------------------- the table
+
+# Each write and the permission it needs: the specification, written out here
+# by hand rather than read back from the views.
+API_WRITES = {
+    "create thread": "submit_run",
+    "submit run": "submit_run",
+    "force boundary": "apply_boundary",
+    "cancel run": "cancel_run",
+    "ack chunks": "submit_run",
+    "ack notification": "acknowledge_notification",
+    "add provider": "change_provider",
+    "change provider": "change_provider",
+    "add tool": "change_toolserver",
+    "change tool": "change_toolserver",
+}
+PAGE_WRITES = {
+    "ack alert": "acknowledge_notification",
+    "force boundary": "apply_boundary",
+    "stop run": "cancel_run",
+    "provider prices": "change_provider",
+    "provider schedule": "change_provider",
+    "new token": None,  # any signed-in user: its own token, never wider than its role
+}
+API_ACTORS = [
+    *(f"role:{role}" for role in ROLES),
+    "admin",
+    *(f"scope:{scope}" for scope in ACTIONS),
+]
+PAGE_ACTORS = [*(f"role:{role}" for role in ROLES), "admin", "no role"]
+
+
+@dataclass
+class World:
+    user: object
+    thread: Thread
+    run: Run
+    notification: Notification
+
+
+def make_actor(django_user_model, actor: str):
+    """The user an actor names; for a scope, a superuser's token narrowed to it."""
+    from governance.roles import ensure_roles
+
+    ensure_roles()
+    if actor == "admin" or actor.startswith("scope:"):
+        user = django_user_model.objects.create_superuser("actor", password="pw-for-tests-1")
+    else:
+        user = django_user_model.objects.create_user("actor", password="pw-for-tests-1")
+        if actor.startswith("role:"):
+            user.groups.add(Group.objects.get(name=actor.split(":", 1)[1]))
+    scopes = [actor.split(":", 1)[1]] if actor.startswith("scope:") else []
+    ApiToken.objects.create(
+        user=user, name="actor", key_digest=token_digest("actor-token-1"), scopes=scopes
+    )
+    return user, scopes
+
+
+def actor_may(actor: str, codename: str | None) -> bool:
+    if codename is None or actor == "admin":
+        return True
+    if actor.startswith("scope:"):
+        return actor.split(":", 1)[1] == codename
+    if actor.startswith("role:"):
+        return codename in ROLES[actor.split(":", 1)[1]]
+    return False
+
+
+def make_world(user) -> World:
+    """The actor's own thread and run (ownership never decides here), a
+    notification on its segment, a provider and a registry tool."""
+    now = time_source.now()
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model", script={})
+    ToolServer.objects.create(
+        name="weather", kind="http", url="http://127.0.0.1:9/weather", method="GET",
+        description="Weather", parameters={"type": "object"}, effect="read_only",
+    )  # fmt: skip
+    thread = services.create_thread(provider_chain=["p"], title="t", user=user, now=now)
+    run, _stage, _ = services.submit_run(thread, input="hi", user=user, now=now)
+    services.commit_chunks(run, ["a"], now)
+    notification = Notification.objects.create(
+        dedupe_key="n-1", severity="critical", text="frozen",
+        segment=services.open_segment(thread), created_at=now,
+    )  # fmt: skip
+    return World(user, thread, run, notification)
+
+
+def written() -> tuple:
+    """What a write would change."""
+    return (
+        Thread.objects.count(),
+        Run.objects.count(),
+        Segment.objects.count(),
+        AuditEntry.objects.count(),
+        ApiToken.objects.count(),
+        sorted(Provider.objects.values_list("provider_id", "enabled", "updated_at", "currency")),
+        sorted(ToolServer.objects.values_list("name", "enabled")),
+        list(Notification.objects.values_list("acked_at", flat=True)),
+        list(Run.objects.values_list("cancel_requested_at", flat=True)),
+        list(BodyChunk.objects.values_list("observed_at", flat=True)),
+    )
+
+
+def api_request(client, world: World, action: str):
+    t, r = world.thread.id, world.run.id
+    calls = {
+        "create thread": ("POST", "/api/v1/threads", {"provider_chain": ["p"]}),
+        "submit run": ("POST", f"/api/v1/threads/{t}/runs", {"input": "again"}),
+        "force boundary": (
+            "POST", f"/api/v1/threads/{t}/boundaries",
+            {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-table"},
+        ),
+        "cancel run": ("POST", f"/api/v1/runs/{r}/cancel", None),
+        "ack chunks": ("POST", f"/api/v1/runs/{r}/acks", {"through": 1}),
+        "ack notification": ("POST", f"/api/v1/notifications/{world.notification.id}/ack", None),
+        "add provider": (
+            "POST", "/api/v1/providers",
+            {"provider_id": "p2", "kind": "scripted", "model": "m", "script": {}},
+        ),
+        "change provider": ("PATCH", "/api/v1/providers/p", {"enabled": False}),
+        "add tool": (
+            "POST", "/api/v1/tools",
+            {"name": "news", "kind": "http", "url": "http://127.0.0.1:9/news", "method": "GET",
+             "description": "News", "parameters": {"type": "object"}, "effect": "read_only"},
+        ),
+        "change tool": ("PATCH", "/api/v1/tools/weather", {"enabled": False, "reason": "x"}),
+    }  # fmt: skip
+    method, path, body = calls[action]
+    return client.generic(
+        method, path, json.dumps(body) if body is not None else b"",
+        content_type="application/json", headers={"Authorization": "Bearer actor-token-1"},
+    )  # fmt: skip
+
+
+def page_request(client, world: World, action: str):
+    segment = services.open_segment(world.thread)
+    calls = {
+        "ack alert": (f"/alerts/{world.notification.id}/ack", {}),
+        "force boundary": (
+            f"/segments/{segment.id}/boundary",
+            {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-page"},
+        ),
+        "stop run": (f"/runs/{world.run.id}/stop", {}),
+        "provider prices": (
+            "/providers/p/prices",
+            {"prices-p-price_input_per_mtok": "1", "prices-p-price_output_per_mtok": "2",
+             "prices-p-currency": "EUR", "prices-p-reason": "table"},
+        ),
+        "provider schedule": (
+            "/providers/p/schedule",
+            {"schedule-p-delays": "10m, 30m", "schedule-p-categories": "",
+             "schedule-p-reason": "table"},
+        ),
+        "new token": ("/tokens/", {"name": "mine"}),
+    }  # fmt: skip
+    path, data = calls[action]
+    return client.post(path, data)
+
+
+@pytest.mark.parametrize("actor", API_ACTORS)
+@pytest.mark.parametrize("action", list(API_WRITES))
+def test_api_writes_by_role_and_scope(client, django_user_model, actor, action):
+    user, _scopes = make_actor(django_user_model, actor)
+    world = make_world(user)
+    before = written()
+    response = api_request(client, world, action)
+    if actor_may(actor, API_WRITES[action]):
+        assert response.status_code < 300, response.content[:300]
+        assert written() != before
+    else:
+        assert response.status_code == 403, response.content[:300]
+        message = response.json()["error"]["message"]
+        assert API_WRITES[action] in message
+        assert written() == before
+
+
+@pytest.mark.parametrize("actor", PAGE_ACTORS)
+@pytest.mark.parametrize("action", list(PAGE_WRITES))
+def test_dashboard_writes_by_role(client, django_user_model, actor, action):
+    user, _scopes = make_actor(django_user_model, actor)
+    world = make_world(user)
+    client.force_login(user)
+    before = written()
+    response = page_request(client, world, action)
+    if actor_may(actor, PAGE_WRITES[action]):
+        assert response.status_code in (200, 202, 302), response.content[:300]
+        assert written() != before
+    else:
+        assert response.status_code == 403, response.content[:300]
+        assert written() == before
+
+
+# --------------------------------------------------------------------------- ownership
+
+
+def client_token(django_user_model, name: str) -> tuple[object, dict]:
+    from governance.roles import ensure_roles
+
+    ensure_roles()
+    user = django_user_model.objects.create_user(name)
+    user.groups.add(Group.objects.get(name="agent-client"))
+    token = f"{name}-token-" + "z" * 16
+    ApiToken.objects.create(user=user, name=name, key_digest=token_digest(token))
+    return user, {"Authorization": f"Bearer {token}"}
+
+
+def call(client, auth, method, path, body=None):
+    return client.generic(
+        method, path, json.dumps(body) if body is not None else b"",
+        content_type="application/json", headers=auth,
+    )  # fmt: skip
+
+
+def test_two_service_accounts_never_see_or_touch_each_others_threads_and_runs(
+    client, django_user_model
+):
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    _alice, alice = client_token(django_user_model, "alice")
+    _bob, bob = client_token(django_user_model, "bob")
+    thread = call(client, alice, "POST", "/api/v1/threads", {"provider_chain": ["p"]}).json()
+    run = call(client, alice, "POST", f"/api/v1/threads/{thread['id']}/runs", {"input": "hi"})
+    run_id = run.json()["run_id"]
+    services.commit_chunks(Run.objects.get(id=run_id), ["a"], time_source.now())
+    segment = services.open_segment(Thread.objects.get(id=thread["id"])).key
+    Notification.objects.create(
+        dedupe_key="alice-n", severity="critical", text="frozen", created_at=time_source.now(),
+        segment=Segment.objects.get(key=segment),
+    )  # fmt: skip
+    before = written()
+    for method, path, body in (
+        ("GET", f"/api/v1/threads/{thread['id']}", None),
+        ("GET", f"/api/v1/threads/{thread['id']}/segment", None),
+        ("POST", f"/api/v1/threads/{thread['id']}/runs", {"input": "mine now"}),
+        ("GET", f"/api/v1/runs/{run_id}", None),
+        ("GET", f"/api/v1/runs/{run_id}?wait=1", None),
+        ("GET", f"/api/v1/runs/{run_id}/events", None),
+        ("POST", f"/api/v1/runs/{run_id}/acks", {"through": 1}),
+        ("POST", f"/api/v1/runs/{run_id}/cancel", None),
+        ("GET", f"/api/v1/segments/{segment.replace('#', '%23')}", None),
+    ):
+        response = call(client, bob, method, path, body)
+        assert response.status_code == 404, (method, path, response.status_code)
+        assert "no such" in response.json()["error"]["message"]
+    assert written() == before
+    assert call(client, bob, "GET", "/api/v1/threads").json()["items"] == []
+    assert call(client, bob, "GET", "/api/v1/notifications").json()["items"] == []
+    # Alice sees and acts on her own.
+    assert [t["id"] for t in call(client, alice, "GET", "/api/v1/threads").json()["items"]] == [
+        thread["id"]
+    ]
+    assert call(client, alice, "GET", "/api/v1/notifications").json()["items"][0]["dedupe_key"]
+    assert call(client, alice, "GET", f"/api/v1/runs/{run_id}").status_code == 200
+    assert (
+        call(client, alice, "POST", f"/api/v1/runs/{run_id}/acks", {"through": 1}).json()[
+            "observed"
+        ]
+        == 1
+    )
+    assert call(client, alice, "POST", f"/api/v1/runs/{run_id}/cancel").status_code == 202
+
+
+def test_a_service_account_cannot_cancel_an_operators_run(client, django_user_model, make_user):
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    operator = make_user("oscar", "operator")
+    thread = services.create_thread(provider_chain=["p"], user=operator, now=time_source.now())
+    run, _stage, _ = services.submit_run(
+        thread, input="ops work", user=operator, now=time_source.now()
+    )
+    _client, auth = client_token(django_user_model, "carol")
+    assert call(client, auth, "POST", f"/api/v1/runs/{run.id}/cancel").status_code == 404
+    assert Run.objects.get(id=run.id).cancel_requested_at is None
+
+
+def test_staff_watching_a_clients_run_record_no_delivery_evidence(
+    client, django_user_model, make_user
+):
+    """R7.2: sent and observed are the client's evidence; an administrator who
+    opens the watch page or the stream is an onlooker."""
+    from governance.models import RunViewer
+
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    owner, _auth = client_token(django_user_model, "dora")
+    thread = services.create_thread(provider_chain=["p"], user=owner, now=time_source.now())
+    run, _stage, _ = services.submit_run(thread, input="hi", user=owner, now=time_source.now())
+    services.commit_chunks(run, ["a", "b"], time_source.now())
+    admin = make_user("root-admin", is_superuser=True, is_staff=True)
+    client.force_login(admin)
+    assert client.get(f"/runs/{run.id}/watch").status_code == 200
+    written_facts.settle(
+        run, Settlement(Outcome.COMPLETED, ReasonCode.ANSWERED, "done"), time_source.now()
+    )
+    stream = client.get(f"/api/v1/runs/{run.id}/events", {"last_event_id": "0"})
+    assert stream.status_code == 200
+    streamed = b"".join(stream.streaming_content)  # ends at the settlement
+    assert b'"kind":"chunk"' in streamed and b"settlement" in streamed
+    acked = client.post(
+        f"/api/v1/runs/{run.id}/acks", json.dumps({"through": 2}),
+        content_type="application/json",
+    )  # fmt: skip
+    assert acked.status_code == 403
+    assert "owner" in acked.json()["error"]["message"]
+    assert not RunViewer.objects.filter(run=run).exists()
+    assert list(BodyChunk.objects.filter(run=run).values_list("sent_at", "observed_at")) == [
+        (None, None),
+        (None, None),
+    ]
+
+
+def test_the_migration_gives_existing_runs_an_owner(django_user_model):
+    """0018: the user the admission recorded, else the thread's creator."""
+    import importlib
+
+    from django.apps import apps
+
+    give_owners = importlib.import_module("governance.migrations.0018_run_owner").give_owners
+    Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
+    asker = django_user_model.objects.create_user("asker")
+    creator = django_user_model.objects.create_user("creator")
+    thread = services.create_thread(provider_chain=["p"], user=creator, now=time_source.now())
+    by_asker, _s, _ = services.submit_run(thread, input="a", user=asker, now=time_source.now())
+    later = time_source.now() + timedelta(seconds=1)
+    by_nobody, _s, _ = services.submit_run(thread, input="b", now=later)
+    Run.objects.update(owner=None)
+    give_owners(apps, None)
+    assert Run.objects.get(id=by_asker.id).owner == asker
+    assert Run.objects.get(id=by_nobody.id).owner == creator
