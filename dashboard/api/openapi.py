@@ -289,6 +289,59 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )  # fmt: skip
 
+# OpenAPI links: where an answer's values lead (a client generator's next
+# calls, and schemathesis's stateful phase). (method, path, status) → name →
+# (the operation it leads to, its parameters from the answer).
+RUN_LINK = {"run_id": "$response.body#/run_id"}
+LINKS: dict[tuple[str, str, int], dict[str, tuple[tuple[str, str], dict[str, str]]]] = {
+    ("post", "/api/v1/threads", 201): {
+        "GetThread": (("get", "/api/v1/threads/{thread_id}"), {"thread_id": "$response.body#/id"}),
+        "GetOpenSegment": (
+            ("get", "/api/v1/threads/{thread_id}/segment"), {"thread_id": "$response.body#/id"}
+        ),
+        "SubmitRun": (
+            ("post", "/api/v1/threads/{thread_id}/runs"), {"thread_id": "$response.body#/id"}
+        ),
+        "ForceBoundary": (
+            ("post", "/api/v1/threads/{thread_id}/boundaries"), {"thread_id": "$response.body#/id"}
+        ),
+        "GetSegment": (
+            ("get", "/api/v1/segments/{segment_key}"),
+            {"segment_key": "$response.body#/segment/key"},
+        ),
+    },
+    ("post", "/api/v1/threads/{thread_id}/runs", 202): {
+        "GetRun": (("get", "/api/v1/runs/{run_id}"), RUN_LINK),
+        "CancelRun": (("post", "/api/v1/runs/{run_id}/cancel"), RUN_LINK),
+        "AckChunks": (("post", "/api/v1/runs/{run_id}/acks"), RUN_LINK),
+    },
+    ("post", "/api/v1/providers", 201): {
+        "GetProvider": (
+            ("get", "/api/v1/providers/{provider_id}"),
+            {"provider_id": "$response.body#/provider_id"},
+        ),
+        "ChangeProvider": (
+            ("patch", "/api/v1/providers/{provider_id}"),
+            {"provider_id": "$response.body#/provider_id"},
+        ),
+    },
+    ("post", "/api/v1/tools", 201): {
+        "GetTool": (("get", "/api/v1/tools/{name}"), {"name": "$response.body#/name"}),
+        "ChangeTool": (("patch", "/api/v1/tools/{name}"), {"name": "$response.body#/name"}),
+    },
+    ("get", "/api/v1/notifications", 200): {
+        "AckNotification": (
+            ("post", "/api/v1/notifications/{notification_id}/ack"),
+            {"notification_id": "$response.body#/items/0/id"},
+        ),
+    },
+}  # fmt: skip
+
+
+def operation_id(method: str, path: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", f"{method} {path}").strip("_")
+
+
 _DESCRIBED = {
     model: None
     for op in OPERATIONS
@@ -328,9 +381,15 @@ def _operation(op: Operation) -> dict[str, Any]:
             "description": ERRORS[status],
             "content": _content(s.ErrorAnswer, "application/json"),
         }
+    for (method, path, status), links in LINKS.items():
+        if (method, path) == (op.method, op.path):
+            responses[str(status)]["links"] = {
+                name: {"operationId": operation_id(*target), "parameters": parameters}
+                for name, (target, parameters) in links.items()
+            }
     responses = dict(sorted(responses.items()))
     described: dict[str, Any] = {
-        "operationId": re.sub(r"[^a-z0-9]+", "_", f"{op.method} {op.path}").strip("_"),
+        "operationId": operation_id(op.method, op.path),
         "summary": op.summary,
         "tags": list(op.tags),
         "parameters": list(op.parameters),

@@ -120,3 +120,33 @@ def test_acks_refuse_deep_nesting_and_unknown_fields_with_400(
         "POST", url, b'{"through": 0}', content_type="application/json", headers=bearer
     )
     assert ok.status_code == 200 and ok.json()["through"] == 0
+
+
+@pytest.fixture
+def api_workflow(live_server, bearer, known_thread):
+    """schemathesis's stateful phase: sequences of calls that follow the
+    description's links (a thread made, then its runs, boundaries and segment;
+    a run, then its answer, cancel and acks; a provider or tool, then its change)."""
+
+    class Workflow(schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"base_url": live_server.url, "headers": bearer}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            # A schema-valid body may still name an unknown provider: a 4xx is the rule.
+            case.validate_response(response, excluded_checks=[positive_data_acceptance])
+
+    return Workflow
+
+
+def test_the_live_api_answers_every_sequence_of_linked_calls_as_described(api_workflow):
+    assert len(list(api_workflow.bundles)) >= 5  # the links became transitions
+    api_workflow.run(
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=8,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+        )
+    )

@@ -85,7 +85,9 @@ def api(client, django_user_model):
 
     user = django_user_model.objects.create_user("engine", password="unused-password-1")
     user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["apply_boundary", "submit_run", "cancel_run"])
+        *Permission.objects.filter(
+            codename__in=["apply_boundary", "submit_run", "cancel_run", "see_all_runs"]
+        )
     )
     token = "test-token-" + "x" * 20
     ApiToken.objects.create(user=user, name="tests", key_digest=token_digest(token))
