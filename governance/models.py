@@ -121,7 +121,9 @@ class ToolServer(models.Model):
         ordering = ["name"]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.kind}: {self.url})"
+        # Not the URL: a row stored with credentials in it is shown masked, by the
+        # services (governance.services.secrets.mask_url), never through this.
+        return f"{self.name} ({self.kind})"
 
 
 class ProviderHealthState(models.Model):
