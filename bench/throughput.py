@@ -447,6 +447,9 @@ class System:
             "DATABASE_URL": self.app_url,
             "REDIS_URL": redis_url,
             "GOVERNANCE_VAR_DIR": str(self.var_dir),
+            # The fake provider is plain http on loopback: production's outbound
+            # rules refuse it unless listed (a provider's base_url obeys them, R2.5).
+            "GOVERNANCE_OUTBOUND_ALLOW": "127.0.0.1",
             "PYTHONUNBUFFERED": "1",
         }
         for name in (

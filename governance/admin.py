@@ -12,13 +12,90 @@ from governance.models import (
     ToolServer,
 )
 from governance.services.alerts import channel_target_problem
+from governance.services.errors import ServiceError
+from governance.services.providers import check_base_url
+from governance.services.secrets import mask_url, require_key_env
+from governance.services.tool_servers import check_url
+
+KEY_ENV_HELP = (
+    "The NAME of the environment variable that holds the key — never the key itself. "
+    "It must match GOVERNANCE_KEY_ENV_ALLOW (default: GOVERNANCE_KEY_* and the "
+    "conventional provider names such as OPENAI_API_KEY); the system's own settings "
+    "and *_FILE names are never allowed."
+)
+
+
+def _judge(form: forms.ModelForm, field: str, check) -> None:
+    """Run a service's check on a field the admin changed; its refusal is the field's error."""
+    value = form.cleaned_data.get(field) or ""
+    if field not in form.errors and value and field in form.changed_data:
+        try:
+            check(value, field)
+        except ServiceError as exc:
+            form.add_error(field, exc.message)
+
+
+class ProviderForm(forms.ModelForm):
+    """The admin's provider form: the key variable and the base URL pass the
+    provider service's checks (``check_base_url``, ``require_key_env``)."""
+
+    base_url = forms.URLField(
+        required=False,
+        max_length=200,
+        assume_scheme="https",
+        help_text=(
+            "Where requests (and the key) go: no user:password@ or key in the URL; a "
+            "loopback or private address must be listed in GOVERNANCE_OUTBOUND_ALLOW."
+        ),
+    )
+
+    class Meta:
+        model = Provider
+        fields = (
+            "provider_id", "kind", "model", "base_url", "api_key_env", "script",
+            "connect_timeout_s", "read_timeout_s", "failure_threshold", "base_cooldown_s",
+            "max_cooldown_s", "enabled", "price_input_per_mtok", "price_output_per_mtok",
+            "price_cached_per_mtok", "currency", "refusal_schedule",
+        )  # fmt: skip
+        help_texts = {"api_key_env": KEY_ENV_HELP}
+
+    def clean(self):
+        data = super().clean()
+        _judge(self, "base_url", check_base_url)
+        _judge(self, "api_key_env", require_key_env)
+        return data
 
 
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
-    list_display = ("provider_id", "kind", "model", "base_url", "enabled")
+    form = ProviderForm
+    list_display = ("provider_id", "kind", "model", "shown_base_url", "enabled")
     list_filter = ("kind", "enabled")
     search_fields = ("provider_id", "model")
+
+    @admin.display(description="Base URL", ordering="base_url")
+    def shown_base_url(self, obj: Provider) -> str:
+        return mask_url(obj.base_url)
+
+
+class ToolServerForm(forms.ModelForm):
+    """The admin's registry form: the URLs and the token variable pass the
+    tool service's checks (``check_url``, ``require_key_env``)."""
+
+    class Meta:
+        model = ToolServer
+        fields = (
+            "name", "kind", "url", "token_env", "method", "description", "parameters",
+            "effect", "verify_url", "timeout_s", "enabled", "effect_overrides",
+        )  # fmt: skip
+        help_texts = {"token_env": KEY_ENV_HELP.replace("the key", "the bearer token")}
+
+    def clean(self):
+        data = super().clean()
+        _judge(self, "url", check_url)
+        _judge(self, "verify_url", check_url)
+        _judge(self, "token_env", require_key_env)
+        return data
 
 
 @admin.register(ToolServer)
@@ -26,12 +103,17 @@ class ToolServerAdmin(admin.ModelAdmin):
     """The tool registry. Listings are the server's: read-only here;
     ``manage.py tool refresh`` or ``PATCH /api/v1/tools/{name}`` lists again."""
 
-    list_display = ("name", "kind", "url", "enabled", "schema_version", "listed_at")
+    form = ToolServerForm
+    list_display = ("name", "kind", "shown_url", "enabled", "schema_version", "listed_at")
     list_filter = ("kind", "enabled")
     search_fields = ("name", "url")
     readonly_fields = (
         "listed_tools", "schema_version", "schema_fingerprint", "listed_at", "list_error",
     )  # fmt: skip
+
+    @admin.display(description="URL", ordering="url")
+    def shown_url(self, obj: ToolServer) -> str:
+        return mask_url(obj.url)
 
 
 @admin.register(ProviderHealthState)
@@ -90,7 +172,9 @@ class AlertChannelForm(forms.ModelForm):
             ),
             "routing_key_env": (
                 "PagerDuty only: the NAME of the environment variable that holds the "
-                "integration (routing) key — never the key itself."
+                "integration (routing) key — never the key itself. It must match "
+                "GOVERNANCE_KEY_ENV_ALLOW (default: GOVERNANCE_KEY_* and the conventional "
+                "provider names); the system's own settings and *_FILE names never are."
             ),
             "escalation_order": (
                 "Channels with the lowest number hear every alert first; an unacknowledged "
@@ -126,6 +210,7 @@ class AlertChannelForm(forms.ModelForm):
                     self.add_error("target", f"{address!r} is not an e-mail address")
         if kind == AlertChannel.Kind.PAGERDUTY and not (data.get("routing_key_env") or "").strip():
             self.add_error("routing_key_env", "name the environment variable with the routing key")
+        _judge(self, "routing_key_env", require_key_env)
         if "target" not in self.errors and (problem := channel_target_problem(kind, target)):
             self.add_error("target", problem)  # checked again when sending
         return data

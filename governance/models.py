@@ -63,8 +63,21 @@ class Provider(models.Model):
         return f"{self.provider_id} ({self.kind}: {self.model})"
 
     def config_fingerprint(self) -> str:
-        """Changes whenever the configuration an auth failure depends on changes (R2.1)."""
-        payload = "|".join([self.kind, self.model, self.base_url, self.api_key_env])
+        """Changes whenever the configuration an auth failure depends on changes (R2.1):
+        the provider's own, and the settings that decide whether the worker may read
+        its key and reach its base URL (an attempt they refuse is an auth failure, so
+        widening them must re-enable the provider as fixing its key would)."""
+        payload = "|".join(
+            [
+                self.kind,
+                self.model,
+                self.base_url,
+                self.api_key_env,
+                settings.GOVERNANCE_KEY_ENV_ALLOW.canonical,
+                settings.GOVERNANCE_OUTBOUND_ALLOW.canonical,
+                str(settings.GOVERNANCE_OUTBOUND_REQUIRE_HTTPS),
+            ]
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -108,7 +121,9 @@ class ToolServer(models.Model):
         ordering = ["name"]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.kind}: {self.url})"
+        # Not the URL: a row stored with credentials in it is shown masked, by the
+        # services (governance.services.secrets.mask_url), never through this.
+        return f"{self.name} ({self.kind})"
 
 
 class ProviderHealthState(models.Model):

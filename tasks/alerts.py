@@ -40,6 +40,7 @@ from governance.rules.redelivery import (
 from governance.rules.retry_after import parse_retry_after
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
+from governance.services.secrets import named_secret
 from tasks import outbound
 
 log = logging.getLogger(__name__)
@@ -193,8 +194,8 @@ def send(delivery: NotificationDelivery) -> DeliveryResult:
             if not env_name:
                 raise BadConfig("no routing key env var is configured")
             try:
-                routing_key = settings.GOVERNANCE_NAMED_SECRET(env_name)
-            except ImproperlyConfigured as exc:
+                routing_key = named_secret(env_name, "routing_key_env")
+            except ImproperlyConfigured as exc:  # not allowed, or unreadable: nothing is sent
                 raise BadConfig(f"routing key: {exc}") from None
             if not routing_key:
                 raise BadConfig(

@@ -39,7 +39,7 @@ import anyio
 import anyio.lowlevel
 import httpx2
 import mcp.types as types
-from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from mcp import ClientSession, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
@@ -52,6 +52,7 @@ from governance.services.outbound import (
     UnresolvedHost,
     destination,
 )
+from governance.services.secrets import named_secret
 
 OUTPUT_MAX_CHARS = 16_000
 LIST_TIMEOUT_S = 10.0
@@ -106,10 +107,14 @@ class _PinnedTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _headers(server: ToolServer) -> dict[str, str]:
+def _headers(server: ToolServer) -> dict[str, str] | str:
+    """The session's headers, or why its token may not be read (nothing is sent)."""
     headers = {"User-Agent": "agent-governance-tools/1"}
     if server.token_env:
-        token = settings.GOVERNANCE_NAMED_SECRET(server.token_env)
+        try:
+            token = named_secret(server.token_env, "token_env")
+        except ImproperlyConfigured as exc:
+            return str(exc)
         if token:
             headers["Authorization"] = f"Bearer {token}"
     return headers
@@ -168,7 +173,12 @@ def _result_output(result: types.CallToolResult) -> dict[str, Any]:
 
 
 async def _session_run(
-    server: ToolServer, checked: Destination, timeout_s: float, work, state: dict
+    server: ToolServer,
+    checked: Destination,
+    headers: dict[str, str],
+    timeout_s: float,
+    work,
+    state: dict,
 ) -> Any:
     """Open one session and run ``work(session)``; ``state["phase"]`` says how
     far it got ("connect", then "call" once the request may have left)."""
@@ -181,7 +191,7 @@ async def _session_run(
     state["changed"] = changed
     async with (
         httpx2.AsyncClient(
-            headers=_headers(server),
+            headers=headers,
             timeout=httpx2.Timeout(timeout_s),
             follow_redirects=False,
             transport=_PinnedTransport(checked),
@@ -195,10 +205,14 @@ async def _session_run(
         return await work(session)
 
 
-def _checked(url: str) -> Destination | str:
-    """The URL's checked destination, or why it may not be called (nothing sent)."""
+def _checked(server: ToolServer) -> tuple[Destination, dict[str, str]] | str:
+    """The URL's checked destination and the session's headers, or why the
+    server may not be called (nothing sent)."""
+    headers = _headers(server)
+    if isinstance(headers, str):
+        return headers
     try:
-        return destination(url)
+        return destination(server.url), headers
     except OutboundRefused as exc:
         return exc.reason
     except UnresolvedHost as exc:
@@ -207,31 +221,36 @@ def _checked(url: str) -> Destination | str:
 
 def list_tools(server: ToolServer, *, timeout_s: float = LIST_TIMEOUT_S) -> McpListing:
     """The server's ``tools/list`` (every page), or why it could not be listed."""
-    checked = _checked(server.url)
+    checked = _checked(server)
     if isinstance(checked, str):
         return McpListing(None, f"not listed: {checked}")
     state: dict[str, Any] = {}
     try:
-        tools = anyio.run(_guarded, server, checked, timeout_s, _list_all, state)
+        tools = anyio.run(_guarded, server, *checked, timeout_s, _list_all, state)
     except Exception as exc:
         return McpListing(None, f"not listed: {_words(_root(exc))}")
     return McpListing(tools)
 
 
 async def _guarded(
-    server: ToolServer, checked: Destination, timeout_s: float, work, state: dict
+    server: ToolServer,
+    checked: Destination,
+    headers: dict[str, str],
+    timeout_s: float,
+    work,
+    state: dict,
 ) -> Any:
     # The SDK bounds each request; this bounds the whole session (connect,
     # handshake, request, close) so no server can hold a worker longer.
     with anyio.fail_after(timeout_s * 2 + 5):
-        return await _session_run(server, checked, timeout_s, work, state)
+        return await _session_run(server, checked, headers, timeout_s, work, state)
 
 
 def call_tool(
     server: ToolServer, tool: str, arguments: dict[str, Any], *, timeout_s: float
 ) -> McpOutcome:
     """One ``tools/call``; never raises (R4.2). See the module docstring for the outcome map."""
-    checked = _checked(server.url)
+    checked = _checked(server)
     if isinstance(checked, str):
         return McpOutcome("not_sent", {"request_sent": False}, f"refused: {checked}")
     state: dict[str, Any] = {"phase": "connect"}
@@ -246,7 +265,7 @@ def call_tool(
         return result
 
     try:
-        anyio.run(_guarded, server, checked, timeout_s, work, state)
+        anyio.run(_guarded, server, *checked, timeout_s, work, state)
     except Exception as exc:
         if "result" not in state:
             return _failure(_root(exc), state["phase"], server, tool)

@@ -16,13 +16,13 @@ from typing import Any
 
 import jsonschema
 from celery import shared_task
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from governance import time_source
 from governance.models import ToolReceipt, ToolServer
 from governance.rules import tools as tool_rules
 from governance.services import tool_registry, tool_servers
+from governance.services.secrets import named_secret
 from governance.services.tool_servers import RegistryTool
 from tasks import mcp_client
 from tasks.adapters.base import ToolSpec
@@ -63,7 +63,8 @@ def argument_problem(schema: dict[str, Any], arguments: Any) -> str | None:
 
 
 def _token(server: ToolServer) -> str | None:
-    return settings.GOVERNANCE_NAMED_SECRET(server.token_env) if server.token_env else None
+    """The bearer token; ImproperlyConfigured when the allow-list refuses its variable."""
+    return named_secret(server.token_env, "token_env") if server.token_env else None
 
 
 def run(

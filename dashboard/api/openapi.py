@@ -230,8 +230,17 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("providers",),
         description="Needs the `change_provider` permission. The key is named by its "
         "environment variable (`key_env`), never sent: a field such as `api_key` is "
-        f"refused as unknown. {s.kinds_taking('server')} kinds need `base_url`; "
-        f"{s.kinds_taking('script')} needs `script`.",
+        "refused as unknown. Only a variable matching `GOVERNANCE_KEY_ENV_ALLOW` may be "
+        "named (default `GOVERNANCE_KEY_*` and the conventional provider names such as "
+        "`OPENAI_API_KEY`); the system's own settings (`DJANGO_SECRET_KEY`, `DATABASE_URL`, "
+        "the callback secret …) and `*_FILE` names are refused whatever it says. "
+        f"{s.kinds_taking('server')} kinds need `base_url`: it may carry no credentials "
+        "(`user:password@`, `?api_key=`), and a loopback, link-local (169.254.169.254), "
+        "private or other non-public address is refused unless `GOVERNANCE_OUTBOUND_ALLOW` "
+        "lists it (a local vLLM or Ollama: list its host or address). Both are checked "
+        "again at every call: a provider stored before that the rules refuse is sent "
+        "nothing, and its attempts fail as `auth` (a configuration change, or a change of "
+        f"those settings, re-enables it). {s.kinds_taking('script')} needs `script`.",
     ),
     Operation(
         "get", "/api/v1/providers/{provider_id}", "A provider",
@@ -245,7 +254,8 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.ProviderUpdate, errors=(*WRITE, 403), tags=("providers",),
         parameters=(PROVIDER_ID,),
         description="Needs the `change_provider` permission. Only the fields sent change; "
-        "a disabled provider is skipped by routing.",
+        "a disabled provider is skipped by routing. A `key_env` or `base_url` given is "
+        "checked as when adding one.",
     ),
     Operation(
         "get", "/api/v1/insights/reprobes",
@@ -271,7 +281,9 @@ OPERATIONS: tuple[Operation, ...] = (
         "once (`tools/list` over Streamable HTTP); its tools are `name.tool`, and a thread's "
         "`tool_surface` may name them or `name.*`. An http tool needs `method`, "
         "`description`, `parameters` (JSON Schema) and `effect`. A bearer token is named by "
-        "its environment variable (`token_env`), never sent.",
+        "its environment variable (`token_env`), never sent; the variable must match "
+        "`GOVERNANCE_KEY_ENV_ALLOW`, as a provider's `key_env` must. The URLs carry no "
+        "credentials (`user:password@`, `?token=`) and obey `GOVERNANCE_OUTBOUND_ALLOW`.",
     ),
     Operation(
         "get", "/api/v1/tools/{name}", "A registry entry and the tools it exposes",

@@ -9,15 +9,17 @@ from pydantic import BaseModel
 
 from dashboard.api.base import ApiError, api_view, by_method, parse_body
 from dashboard.api.schemas import ProviderCreate, ProviderUpdate
-from dashboard.queries.secrets import secret_present
+from dashboard.queries.secrets import secret_present, secret_refused
 from dashboard.site import permissions
 from governance import services, time_source
 from governance.models import Provider, ProviderHealthState
 from governance.services import providers as provider_services
+from governance.services.secrets import mask_url
 
 
 def provider_json(provider: Provider) -> dict[str, Any]:
-    """A provider's configuration: its key's variable *name* and whether it is set, never a key."""
+    """A provider's configuration: its key's variable *name*, whether the worker may
+    read it and whether it is set, never a key; the base URL with any credentials masked."""
     try:
         breaker = provider.health.breaker
     except ProviderHealthState.DoesNotExist:
@@ -26,8 +28,9 @@ def provider_json(provider: Provider) -> dict[str, Any]:
         "provider_id": provider.provider_id,
         "kind": provider.kind,
         "model": provider.model,
-        "base_url": provider.base_url,
+        "base_url": mask_url(provider.base_url),
         "key_env": provider.api_key_env or None,
+        "key_env_refused": secret_refused(provider.api_key_env),
         "key_present": secret_present(provider.api_key_env),
         "has_script": provider.script is not None,
         "connect_timeout_s": provider.connect_timeout_s,

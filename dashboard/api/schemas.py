@@ -30,6 +30,7 @@ from pydantic import (
 
 from governance import provider_kinds
 from governance.rules.refusal import MAX_SCHEDULE_TIERS, REFUSAL_SCOPE_TTL
+from governance.rules.secrets import DEFAULT_ALLOW as DEFAULT_KEY_ENV_ALLOW
 from governance.rules.segments import BoundaryKind
 from governance.services import providers as provider_rules
 from governance.services import tool_servers as tool_rules
@@ -408,7 +409,13 @@ BaseUrl = Annotated[
         max_length=provider_rules.BASE_URL_MAX, pattern=r"^(https?://[^\s/?#]+\S*)?$"
     ),
     AfterValidator(_plain_text),
-    Field(description=f"http(s) base URL of the server ({kinds_taking('server')} kinds only)"),
+    Field(
+        description=f"http(s) base URL of the server ({kinds_taking('server')} kinds only), "
+        "where requests and the key go: no user:password@ and no key-looking query "
+        "parameter (api_key, token, sig …); a loopback, link-local, private or other "
+        "non-public address only when GOVERNANCE_OUTBOUND_ALLOW lists it (checked when "
+        "given and again at every call)"
+    ),
 ]
 KeyEnv = Annotated[
     str,
@@ -417,7 +424,10 @@ KeyEnv = Annotated[
     ),
     Field(
         description="the NAME of the environment variable holding the key, never the key; "
-        "'' for none"
+        "'' for none. It must match GOVERNANCE_KEY_ENV_ALLOW (default: GOVERNANCE_KEY_* "
+        f"and {', '.join(DEFAULT_KEY_ENV_ALLOW[1:])}); the system's own settings "
+        "(DJANGO_*, DATABASE_URL, GOVERNANCE_* but GOVERNANCE_KEY_* …) and *_FILE names "
+        "are refused whatever it says"
     ),
 ]
 Script = Annotated[
@@ -567,9 +577,16 @@ class ProviderAnswer(Answer):
     provider_id: str
     kind: ProviderKind
     model: str
-    base_url: str
+    base_url: str = Field(
+        description="as stored, with a user name, password or key-looking query parameter "
+        "(stored before they were refused) shown as ***"
+    )
     key_env: str | None = Field(description="the environment variable's name (never the key)")
-    key_present: bool = Field(description="whether that variable is set on this server")
+    key_env_refused: str | None = Field(
+        description="why the worker will not read that variable (GOVERNANCE_KEY_ENV_ALLOW: "
+        "a provider stored before the allow-list, or since narrowed); null: it may"
+    )
+    key_present: bool = Field(description="whether that variable is allowed and set on this server")
     has_script: bool
     connect_timeout_s: float
     read_timeout_s: float
@@ -629,7 +646,10 @@ ToolUrl = Annotated[
 TokenEnv = Annotated[
     str,
     StringConstraints(max_length=tool_rules.ENV_NAME_MAX, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$"),
-    Field(description="the NAME of the environment variable holding the bearer token; '' none"),
+    Field(
+        description="the NAME of the environment variable holding the bearer token; '' none. "
+        "It must match GOVERNANCE_KEY_ENV_ALLOW, as a provider's `key_env` must"
+    ),
 ]
 JsonSchema = Annotated[
     dict[str, Any],
@@ -685,12 +705,16 @@ class ToolListed(Answer):
 class ToolAnswer(Answer):
     name: str
     kind: ToolKind
-    url: str
+    url: str = Field(description="as stored, with any credentials in it shown as ***")
     token_env: str | None
-    token_present: bool
+    token_env_refused: str | None = Field(
+        description="why the worker will not read that variable (GOVERNANCE_KEY_ENV_ALLOW); "
+        "null: it may"
+    )
+    token_present: bool = Field(description="whether that variable is allowed and set")
     method: str | None
     effect: ToolEffect | None
-    verify_url: str | None
+    verify_url: str | None = Field(description="as stored, with any credentials shown as ***")
     timeout_s: float
     enabled: bool
     effect_overrides: dict[str, ToolEffect]

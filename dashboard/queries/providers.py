@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, Q
 
+from dashboard.queries.secrets import secret_present, secret_refused
 from governance import services
 from governance.models import (
     AlertChannel,
@@ -28,6 +29,7 @@ from governance.models import (
 from governance.rules.breaker import HealthVerdict, health_verdict
 from governance.rules.classification import FAILURE_CLASSES, TIME_BASED_CLASSES
 from governance.rules.refusal import max_sends, refusal_verdict, schedule_of
+from governance.services.secrets import mask_url
 
 RECENT = timedelta(hours=24)
 MAX_SEGMENTS_SHOWN = 10
@@ -87,6 +89,20 @@ class ProviderRow:
     @property
     def available(self) -> bool:
         return self.verdict.available
+
+    @property
+    def shown_base_url(self) -> str:
+        """The base URL as it may be shown: credentials stored in it masked."""
+        return mask_url(self.provider.base_url)
+
+    @property
+    def key_refused(self) -> str | None:
+        """Why the worker will not read the key's variable (GOVERNANCE_KEY_ENV_ALLOW)."""
+        return secret_refused(self.provider.api_key_env)
+
+    @property
+    def key_present(self) -> bool:
+        return secret_present(self.provider.api_key_env)
 
 
 def _row_for(provider: Provider, now: datetime) -> ProviderRow:

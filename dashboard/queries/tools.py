@@ -5,24 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.queries.secrets import secret_present
+from dashboard.queries.secrets import secret_present, secret_refused
 from governance.models import ToolServer
 from governance.rules import tools as tool_rules
 from governance.services import tool_servers
+from governance.services.secrets import mask_url
 
 
 def tool_json(server: ToolServer) -> dict[str, Any]:
-    """A registry entry: its token's variable *name* and whether it is set, never a token."""
+    """A registry entry: its token's variable *name*, whether the worker may read it
+    and whether it is set, never a token; its URLs with any credentials masked."""
     http = server.kind == ToolServer.Kind.HTTP
     return {
         "name": server.name,
         "kind": server.kind,
-        "url": server.url,
+        "url": mask_url(server.url),
         "token_env": server.token_env or None,
+        "token_env_refused": secret_refused(server.token_env),
         "token_present": secret_present(server.token_env),
         "method": server.method or None,
         "effect": server.effect or None,
-        "verify_url": server.verify_url or None,
+        "verify_url": mask_url(server.verify_url) or None,
         "timeout_s": server.timeout_s,
         "enabled": server.enabled,
         "effect_overrides": dict(server.effect_overrides or {}),

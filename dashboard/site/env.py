@@ -6,14 +6,19 @@ This module and ``dashboard/site/settings.py`` are the only readers of the proce
 environment (tests/test_settings_read_once.py); everything else reads
 ``settings.NAME``. The one run-time reader is ``named_secret``, for secrets
 whose variable name an admin entered (exposed as
-``settings.GOVERNANCE_NAMED_SECRET``).
+``settings.GOVERNANCE_NAMED_SECRET``, and called only through
+``governance.services.secrets``, which refuses the names a configuration may
+not point at).
+
+The settings' readers note every name they read (``names_read``): those are
+the system's own variables, which no configuration may name as a secret
+(``governance/rules/secrets.py``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,13 +27,25 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from governance.rules.refusal import REFUSAL_REPROBE_DELAYS, RefusalError, check_schedule
+from governance.rules.secrets import DEFAULT_ALLOW, ENV_NAME, KeyEnvPolicy, key_env_policy
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_READ: set[str] = set()
+
+
+def _noted(name: str) -> str:
+    _READ.add(name)
+    return name
+
+
+def names_read() -> frozenset[str]:
+    """Every variable the settings' readers were asked for so far (set or not)."""
+    return frozenset(_READ)
 
 
 def env_str(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
+    value = os.environ.get(_noted(name))
     return default if value is None else value
 
 
@@ -42,12 +59,12 @@ def _flag(value: str, name: str) -> bool:
 
 
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
+    value = os.environ.get(_noted(name))
     return default if value is None else _flag(value, name)
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    value = os.environ.get(name)
+    value = os.environ.get(_noted(name))
     if value is None or not value.strip():
         return default
     try:
@@ -60,7 +77,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    value = os.environ.get(name)
+    value = os.environ.get(_noted(name))
     if value is None or not value.strip():
         return default
     try:
@@ -75,7 +92,7 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
-    value = os.environ.get(name)
+    value = os.environ.get(_noted(name))
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
@@ -99,7 +116,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def env_durations(name: str, default: str) -> tuple[timedelta, ...]:
-    raw = os.environ.get(name) or default
+    raw = os.environ.get(_noted(name)) or default
     try:
         durations = tuple(parse_duration(part) for part in raw.split(",") if part.strip())
     except ValueError as exc:
@@ -113,7 +130,7 @@ def env_reprobe_schedule(name: str) -> tuple[timedelta, ...]:
     """R3.2's re-probe schedule: the rule's default, or one from the environment
     that passes the rule's own check (longer each time, the last within the
     refusal memory's reach), as a provider's own schedule must."""
-    if not os.environ.get(name):
+    if not os.environ.get(_noted(name)):
         return REFUSAL_REPROBE_DELAYS
     try:
         return check_schedule(env_durations(name, ""))
@@ -144,7 +161,8 @@ def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> 
     Secrets have no production default: when ``required`` and neither is set,
     start-up fails. ``dev_default`` is only used when not required.
     """
-    secret = _secret_from(name)
+    _noted(f"{name}_FILE")
+    secret = _secret_from(_noted(name))
     if secret:
         return secret
     if required:
@@ -152,15 +170,27 @@ def env_secret(name: str, *, required: bool, dev_default: str | None = None) -> 
     return dev_default
 
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+def env_key_env_policy(name: str) -> KeyEnvPolicy:
+    """The variables a configuration may name for a secret: ``name``'s glob
+    patterns (comma-separated; the rule's default when unset), minus every
+    variable the settings read. Read it last, once every other setting has
+    been read (``names_read``)."""
+    patterns = env_list(name, list(DEFAULT_ALLOW))
+    try:
+        return key_env_policy(patterns, names_read())
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
 
 
 def named_secret(name: str) -> str | None:
     """A secret from the environment variable an admin named (a provider's
-    ``api_key_env``, a PagerDuty channel's ``routing_key_env``), read at call time.
+    ``api_key_env``, a tool's ``token_env``, a PagerDuty channel's
+    ``routing_key_env``), read at call time.
 
     These names live in the database, so they cannot be fixed settings; this is
-    their one reader (``settings.GOVERNANCE_NAMED_SECRET``). Like ``env_secret``
+    their one reader (``settings.GOVERNANCE_NAMED_SECRET``), which
+    ``governance.services.secrets.named_secret`` calls once the name passed
+    the allow-list (not noted in ``names_read``: it is no setting). Like ``env_secret``
     it honours ``NAME_FILE``; surrounding whitespace is dropped. Returns None when
     neither is set (or the value is blank). A name that is not a valid
     environment variable name, both variants set, or an unreadable or empty

@@ -20,6 +20,7 @@ from dashboard.site.env import (
     env_bool,
     env_float,
     env_int,
+    env_key_env_policy,
     env_list,
     env_reprobe_schedule,
     env_secret,
@@ -371,8 +372,9 @@ GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS = env_int(
 GOVERNANCE_DASHBOARD_URL = env_str("GOVERNANCE_DASHBOARD_URL") or "http://localhost:8000"
 
 # Secrets whose variable an admin names in the database (a provider's
-# api_key_env, a PagerDuty channel's routing_key_env) cannot be read here at
-# start-up: governance/ and tasks/ call this with the name, at run time
+# api_key_env, a tool's token_env, a PagerDuty channel's routing_key_env) cannot
+# be read here at start-up: governance.services.secrets calls this with the name,
+# at run time, once GOVERNANCE_KEY_ENV_ALLOW (at the end of this file) allows it
 # (NAME or NAME_FILE; None when unset; ImproperlyConfigured on a bad name).
 GOVERNANCE_NAMED_SECRET = named_secret
 
@@ -472,3 +474,15 @@ def _outbound_allow():
 
 GOVERNANCE_OUTBOUND_ALLOW = _outbound_allow()
 GOVERNANCE_OUTBOUND_REQUIRE_HTTPS = not DEBUG
+
+
+# --- Secrets named by configuration (governance/rules/secrets.py) ---
+# The environment variables a provider's api_key_env, a tool's token_env and a
+# PagerDuty channel's routing_key_env may name: comma-separated glob patterns.
+# Default: GOVERNANCE_KEY_* and the conventional provider names (OPENAI_API_KEY,
+# ANTHROPIC_API_KEY, …: governance.rules.secrets.DEFAULT_ALLOW). Never allowed,
+# whatever the patterns: a name these settings read (DJANGO_SECRET_KEY,
+# DATABASE_URL, GOVERNANCE_CALLBACK_SECRET …), another variable of their
+# namespaces (DJANGO_*, GOVERNANCE_* but GOVERNANCE_KEY_*, OTEL_* …) and any
+# *_FILE name. Read last: every name the settings read is known by then.
+GOVERNANCE_KEY_ENV_ALLOW = env_key_env_policy("GOVERNANCE_KEY_ENV_ALLOW")

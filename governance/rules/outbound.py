@@ -1,8 +1,9 @@
 """Outbound URLs are safe: where the worker may POST.
 
-Three kinds of call go to URLs that users give: completion callbacks
-(``callback_url``, R7.3), webhook-type alert channels (R8.2) and the built-in
-``webhook`` tool (R4.1). None of them may reach the machine's own network:
+The calls that go to URLs people give: completion callbacks
+(``callback_url``, R7.3), webhook-type alert channels (R8.2), the built-in
+``webhook`` tool (R4.1), registry tools and a provider's ``base_url`` (where
+its key is sent). None of them may reach the machine's own network:
 loopback, link-local (with the cloud metadata addresses 169.254.169.254 and
 fd00:ec2::254), private (RFC 1918), shared (CGNAT), unique-local,
 unspecified, multicast or otherwise reserved addresses — unless the operator
@@ -27,6 +28,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -69,6 +71,11 @@ class AllowList:
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[IPNetwork, ...] = ()
+
+    @cached_property
+    def canonical(self) -> str:
+        """The list as text that is the same in every process (for fingerprints)."""
+        return ",".join([*sorted(self.hosts), *sorted(str(n) for n in self.networks)])
 
     def lists_host(self, host: str) -> bool:
         return _host_key(host) in self.hosts
@@ -168,17 +175,19 @@ def outbound_verdict(
             kind = address_problem(address)
             if kind is None:
                 continue
-            where = text if _host_key(host) == text.lower() else f"{host} resolves to {text}"
+            literal = _host_key(host) == text.lower()
+            where = text if literal else f"{host} resolves to {text}"
             carried = f" (carrying {judged})" if judged != address else ""
+            add = text if literal else f"{_host_key(host)} or {text}"
             return (
                 f"{where}{carried}, a {kind} address: outbound calls may not reach it "
-                f"unless {SETTING} lists it"
+                f"unless {SETTING} lists it (add {add})"
             )
     else:
         listed_addresses = False
     if scheme == "http" and require_https and not (host_listed or listed_addresses):
         return (
             "https is required (DJANGO_DEBUG=0): plain http is allowed only to hosts "
-            f"{SETTING} lists"
+            f"{SETTING} lists (add {_host_key(host)}, or use https)"
         )
     return None

@@ -1,9 +1,15 @@
 """Providers: adding one, changing its configuration, enabling and disabling it.
 
 The API (``POST``/``PATCH /api/v1/providers``) and ``manage.py provider`` both
-come here. A provider names the *environment variable* that holds its key
-(``api_key_env``), never the key: nothing here reads, stores or returns a key.
-Each change is audited with the fields it changed.
+come here, and the admin's provider form asks ``check_base_url`` and
+``services.secrets.require_key_env``. A provider names the *environment
+variable* that holds its key (``api_key_env``), never the key: nothing here
+reads, stores or returns a key. The variable must be one a key may live in
+(``GOVERNANCE_KEY_ENV_ALLOW``, ``governance.rules.secrets``), and the base URL
+carries no credentials and obeys the outbound rules (``GOVERNANCE_OUTBOUND_ALLOW``):
+the worker sends the key there. Both are judged when they are given; a row
+stored before is judged again at call time, where the worker sends nothing
+it refuses. Each change is audited with the fields it changed.
 
 A script kind's script is checked by its adapter's ``check_script`` in the
 caller (``tasks/`` is above this layer); here it only has to be an object.
@@ -27,12 +33,13 @@ from governance.rules.refusal import (
     delays_from_seconds,
     delays_seconds,
 )
+from governance.rules.secrets import ENV_NAME
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
+from governance.services.outbound import require_outbound_url
+from governance.services.secrets import require_key_env, require_url_without_credentials
 
 PROVIDER_ID = re.compile(r"[-a-zA-Z0-9_]{1,64}")
-# The environment variable names settings.GOVERNANCE_NAMED_SECRET accepts.
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_NAME_MAX = 100
 MODEL_MAX = 200
 BASE_URL_MAX = 200
@@ -88,8 +95,34 @@ class ProviderExists(ServiceError):
     """The provider id is taken (the API answers 409)."""
 
 
-def _check(values: dict[str, Any]) -> None:
-    """The whole configuration, as it would be stored; raises ServiceError naming a field."""
+def _base_url_form(base_url: str, field: str) -> None:
+    if len(base_url) > BASE_URL_MAX:
+        raise ServiceError(field, f"at most {BASE_URL_MAX} characters")
+    parts = urlsplit(base_url)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in base_url)
+    ):
+        raise ServiceError(field, "must be an http:// or https:// URL with a host")
+
+
+def check_base_url(base_url: str, field: str = "base_url") -> None:
+    """A server's base URL as it may be given: http(s) with a host, no
+    credentials in it, an address the outbound rules let the worker reach
+    (resolved now; resolved and checked again at every call)."""
+    _base_url_form(base_url, field)
+    require_url_without_credentials(base_url, field)
+    require_outbound_url(base_url, field)
+
+
+def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> None:
+    """The whole configuration, as it would be stored; raises ServiceError naming a field.
+
+    Where the worker sends the key (``base_url``) and which variable it reads
+    (``api_key_env``) are judged when ``given``: a change of other settings
+    (prices, say) of a row stored before these checks is not refused for them,
+    and the call-time checks still keep its key from being sent."""
     kind = values["kind"]
     spec = provider_kinds.kind(kind)
     if spec is None:
@@ -101,15 +134,10 @@ def _check(values: dict[str, Any]) -> None:
     if spec.has_server:
         if not base_url:
             raise ServiceError("base_url", f"a {kind} provider needs the server's base URL")
-        if len(base_url) > BASE_URL_MAX:
-            raise ServiceError("base_url", f"at most {BASE_URL_MAX} characters")
-        parts = urlsplit(base_url)
-        if (
-            parts.scheme not in ("http", "https")
-            or not parts.hostname
-            or any(c.isspace() for c in base_url)
-        ):
-            raise ServiceError("base_url", "must be an http:// or https:// URL with a host")
+        if "base_url" in given:
+            check_base_url(base_url)
+        else:
+            _base_url_form(base_url, "base_url")
     elif base_url:
         raise ServiceError("base_url", f"a {kind} provider has no base URL")
     key_env = values["api_key_env"] or ""
@@ -118,6 +146,8 @@ def _check(values: dict[str, Any]) -> None:
             "api_key_env",
             "the NAME of an environment variable (letters, digits, _), never the key itself",
         )
+    if "api_key_env" in given:
+        require_key_env(key_env, "api_key_env")
     if spec.has_script:
         if not isinstance(values["script"], dict):
             raise ServiceError("script", f"a {kind} provider needs its script (an object)")
@@ -238,7 +268,7 @@ def create_provider(
     if not isinstance(provider_id, str) or not PROVIDER_ID.fullmatch(provider_id):
         raise ServiceError("provider_id", "1 to 64 letters, digits, '-' or '_'")
     values = {**DEFAULTS, **settings, "kind": kind, "model": model}
-    _check(values)
+    _check(values, set(values))
     values["failure_threshold"] = int(values["failure_threshold"])
     try:
         with transaction.atomic():
@@ -271,7 +301,7 @@ def update_provider(
         before = _values(provider)
         after = {**before, **changes}
         if set(changes) - {"enabled"}:
-            _check(after)
+            _check(after, {name for name in changes if changes[name] != before[name]})
         elif not isinstance(after["enabled"], bool):
             # Enabling or disabling alone never fails on an older row's other settings.
             raise ServiceError("enabled", "must be true or false")

@@ -3,7 +3,9 @@ listings, and what a tool surface may name.
 
 The API (``/api/v1/tools``) and ``manage.py tool`` both come here. A bearer
 token is named by its environment variable (``token_env``), never taken or
-stored. Each change is audited. What a listing change does to the threads
+stored; the variable must be one a key may live in (``GOVERNANCE_KEY_ENV_ALLOW``,
+``governance.rules.secrets``) and the URLs carry no credentials. Each change
+is audited. What a listing change does to the threads
 that see it (a tool-surface boundary, R1.3) is ``services.tool_registry``.
 
 Names: a server is a slug without "." or "__" (its tools are
@@ -25,14 +27,15 @@ from django.db import IntegrityError, transaction
 
 from governance.models import ToolServer
 from governance.rules import tools as tool_rules
+from governance.rules.secrets import ENV_NAME
 from governance.rules.segments import SURFACE_WILDCARD
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
 from governance.services.outbound import require_outbound_url
+from governance.services.secrets import require_key_env, require_url_without_credentials
 
 BUILTIN_TOOL_NAMES = ("calculator", "kb_search", "webhook")
 SERVER_NAME = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]|_(?!_)){0,39}")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_NAME_MAX = 100
 URL_MAX = 500
 DESCRIPTION_MAX = 2_000
@@ -66,7 +69,9 @@ class RegistryTool:
         return self.effect_class == "external_effect"
 
 
-def _url(value: Any, field: str, *, required: bool = True) -> str:
+def check_url(value: Any, field: str, *, required: bool = True) -> str:
+    """A tool's URL as it may be given: http(s) with a host, no credentials in
+    it, an address the outbound rules let the worker reach (checked again at send)."""
     if not value:
         if required:
             raise ServiceError(field, "an http:// or https:// URL is required")
@@ -80,7 +85,7 @@ def _url(value: Any, field: str, *, required: bool = True) -> str:
         or any(c.isspace() for c in value)
     ):
         raise ServiceError(field, "must be an http:// or https:// URL with a host")
-    # The worker will call it: the outbound rules apply (checked again at send).
+    require_url_without_credentials(value, field)
     require_outbound_url(value, field)
     return value
 
@@ -97,18 +102,26 @@ def _schema(value: Any) -> dict[str, Any]:
     return value
 
 
-def _check(values: dict[str, Any]) -> dict[str, Any]:
-    """The whole configuration, as it would be stored; raises ServiceError naming a field."""
+def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str, Any]:
+    """The whole configuration, as it would be stored; raises ServiceError naming a field.
+
+    The URLs (credentials, outbound rules) and the variable the token is read
+    from (the allow-list) are judged when they are ``given``: disabling a row
+    stored before these checks is never refused for them, and the call-time
+    checks keep its token from being sent where they refuse."""
     kind = values["kind"]
     if kind not in ToolServer.Kind.values:
         raise ServiceError("kind", f"must be one of {', '.join(ToolServer.Kind.values)}")
-    values["url"] = _url(values["url"], "url")
+    if "url" in given:
+        values["url"] = check_url(values["url"], "url")
     key_env = values.get("token_env") or ""
     if key_env and (len(key_env) > ENV_NAME_MAX or not ENV_NAME.fullmatch(key_env)):
         raise ServiceError(
             "token_env",
             "the NAME of an environment variable (letters, digits, _), never the token itself",
         )
+    if "token_env" in given:
+        require_key_env(key_env, "token_env")
     timeout = values["timeout_s"]
     low, high = TIMEOUT_RANGE
     if (
@@ -128,7 +141,10 @@ def _check(values: dict[str, Any]) -> dict[str, Any]:
         values["parameters"] = _schema(values.get("parameters"))
         if values.get("effect") not in tool_rules.EFFECT_CLASSES:
             raise ServiceError("effect", f"one of {', '.join(tool_rules.EFFECT_CLASSES)}")
-        values["verify_url"] = _url(values.get("verify_url"), "verify_url", required=False)
+        verify_url = values.get("verify_url") or ""
+        if "verify_url" in given:
+            verify_url = check_url(verify_url, "verify_url", required=False)
+        values["verify_url"] = verify_url
         if values["verify_url"] and values["effect"] != "external_effect":
             raise ServiceError("verify_url", "only an external_effect tool is verified")
         if values.get("effect_overrides"):
@@ -168,10 +184,9 @@ def create_tool_server(
         )
     if name in BUILTIN_TOOL_NAMES:
         raise ServiceError("name", f"{name!r} is a built-in tool")
-    values = _check(
-        {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **settings,
-         "kind": kind, "url": url}
-    )  # fmt: skip
+    values = {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **settings,
+              "kind": kind, "url": url}  # fmt: skip
+    values = _check(values, set(values))
     values = {k: ("" if v is None and k != "parameters" else v) for k, v in values.items()}
     try:
         with transaction.atomic():
@@ -197,7 +212,7 @@ def update_tool_server(
         server = ToolServer.objects.select_for_update().get(name=name)
         before = {f: getattr(server, f) for f in ("kind", "url", "method", "parameters",
                                                    "effect", *EDITABLE)}  # fmt: skip
-        after = _check({**before, **changes})
+        after = _check({**before, **changes}, {f for f in changes if changes[f] != before[f]})
         overrides = after.get("effect_overrides") or {}
         listed = {t["name"] for t in server.listed_tools}
         strangers = sorted(set(overrides) - listed)

@@ -21,6 +21,8 @@ import httpx
 
 from governance.rules.run_clocks import name_timeout, stream_event_is_progress
 from governance.rules.tools import tool_name_of
+from governance.services.secrets import mask_url
+from tasks import outbound
 from tasks.adapters.base import (
     Adapter,
     CallLimits,
@@ -279,6 +281,7 @@ class Attempt:
         self.usage: dict[str, int] = {}
         self.response_model: str | None = None
         self.timeout_name: TimeoutName | None = None
+        self.config_refused = False
         self.error = ""
         self.done = False  # the protocol's terminator was seen
 
@@ -339,6 +342,11 @@ class Attempt:
         self.body_complete = False
         self.error = words
 
+    def refused(self, words: str) -> None:
+        """This side refused the configuration: nothing was sent."""
+        self.config_refused = True
+        self.error = f"configuration refused, nothing was sent: {words}"
+
     # -- result -------------------------------------------------------------
 
     @property
@@ -360,6 +368,7 @@ class Attempt:
             body_complete=self.body_complete,
             deadline_evidence=self.deadline_evidence,
             retry_after=self.retry_after,
+            config_refused=self.config_refused,
         )
 
     def response(self) -> ProviderResponse:
@@ -475,12 +484,15 @@ def check_http_config(config: ProviderConfig) -> str:
     base = (config.base_url or "").strip().rstrip("/")
     if not base:
         raise ValueError(f"provider {config.provider_id!r} ({config.kind}) needs a base_url")
+    shown = mask_url(base)
     try:
         url = httpx.URL(base)
     except httpx.InvalidURL as exc:
-        raise ValueError(f"provider {config.provider_id!r}: bad base_url {base!r}: {exc}") from exc
+        raise ValueError(f"provider {config.provider_id!r}: bad base_url {shown!r}: {exc}") from exc
     if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"provider {config.provider_id!r}: base_url must be http(s), got {base!r}")
+        raise ValueError(
+            f"provider {config.provider_id!r}: base_url must be http(s), got {shown!r}"
+        )
     for name in ("connect_timeout_s", "read_timeout_s"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -596,16 +608,28 @@ def stream_http(
     body: dict[str, Any],
     transport: httpx.BaseTransport | None,
 ) -> None:
-    """POST ``body`` and feed the response to ``parser``; every failure becomes evidence."""
+    """POST ``body`` and feed the response to ``parser``; every failure becomes evidence.
+
+    The request goes where the outbound rules let it (``tasks.outbound``: the
+    host resolved now, every address checked, the connection pinned to one
+    that passed), as a callback's does: a base URL that leads to loopback, a
+    private or a metadata address not in ``GOVERNANCE_OUTBOUND_ALLOW`` — given
+    so, or by a DNS answer that changed since — gets nothing, its key least
+    of all. Neither does a configuration the caller refused (``config.refused``).
+    """
     rec = attempt.rec
+    if config.refused:
+        attempt.refused(config.refused)
+        return
     if (name := rec.limit_hit()) is not None:
         attempt.cut(name)  # no time left: nothing is sent
         return
     plan = http_timeouts(config, rec)
+    shown = mask_url(url)
     # A caller's transport may be shared: closing our client would close it too.
     client = httpx.Client(transport=transport, timeout=plan.timeout)
     try:
-        with client.stream("POST", url, json=body, headers=headers) as response:
+        with outbound.stream(client, "POST", url, json=body, headers=headers) as response:
             attempt.headers(response.status_code)
             if not 200 <= response.status_code < 300:
                 _error_answer(response, parser, attempt)
@@ -632,10 +656,12 @@ def stream_http(
                     attempt.cut(name)
                     return
             parser.on_end(attempt)
+    except outbound.OutboundRefused as exc:
+        attempt.refused(f"base_url {mask_url(config.base_url)}: {exc.reason}")
     except httpx.LocalProtocolError as exc:
         raise ValueError(f"provider {config.provider_id!r}: cannot send request: {exc}") from exc
     except (httpx.ConnectTimeout, httpx.PoolTimeout):
-        attempt.transport("connect_timeout", f"connect timeout to {url}")
+        attempt.transport("connect_timeout", f"connect timeout to {shown}")
         name = rec.limit_hit() or (rec.budget_name() if plan.connect_by_budget else None)
         if name is not None:
             attempt.cut(name)
@@ -645,7 +671,7 @@ def stream_http(
         if attempt.headers_received:
             attempt.transport("connection_reset", f"connection lost: {exc}")
         else:
-            attempt.transport("connect_error", f"cannot connect to {url}: {exc}")
+            attempt.transport("connect_error", f"cannot connect to {shown}: {exc}")
     except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError) as exc:
         where = "after the headers" if attempt.headers_received else "before any response"
         attempt.transport("connection_reset", f"connection closed {where}: {exc}")

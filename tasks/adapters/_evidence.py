@@ -84,10 +84,12 @@ def error_kind(code: str | None) -> ErrorKind | None:
 
 def evidence_from(answer: WireAnswer, *, refusal_category: str | None) -> AttemptEvidence:
     """The evidence of ``answer`` with the refusal its adapter read (R2.4):
-    the status, the error code's kind (R2.1), the transport and the clocks."""
+    the status, the error code's kind (R2.1), the transport and the clocks.
+    A configuration this side refused before sending is the auth kind (R2.1:
+    a bad key, which a configuration change cures)."""
     return AttemptEvidence(
         status_code=answer.status_code,
-        error_kind=error_kind(answer.error_code),
+        error_kind="auth" if answer.config_refused else error_kind(answer.error_code),
         refusal_category=refusal_category,
         transport_error=answer.transport_error,
         headers_received=answer.headers_received,

@@ -57,6 +57,10 @@ class ProviderConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 120.0
     script: dict[str, Any] | None = None  # scripted provider only
+    # Why this configuration may not be used, found by the caller (a key variable
+    # the allow-list refuses, a key that cannot be read): nothing is sent, and the
+    # attempt says so (the auth class, R2.1: a configuration change re-enables it).
+    refused: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class WireAnswer:
     after a 200: the 200 does not explain that failure. ``finish_reason`` and
     ``message_refusal`` are OpenAI's words, ``stop_reason`` Anthropic's,
     ``scripted_refusal_category`` the scripted provider's declared refusal.
+    ``config_refused``: nothing was sent because this side refused the
+    configuration (its key variable, or where its base URL leads).
     """
 
     status_code: int | None = None
@@ -106,6 +112,7 @@ class WireAnswer:
     body_complete: bool = True
     deadline_evidence: bool = False
     retry_after: str | float | None = None
+    config_refused: bool = False
 
 
 @dataclass

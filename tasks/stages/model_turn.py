@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 import httpx
-from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from governance import time_source
 from governance.models import Provider, Run, Stage
@@ -25,6 +26,7 @@ from governance.rules.run_clocks import attempt_allowance, stream_event_is_progr
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
 from governance.services.runs import cancel_requested, mark_progress, run_goal
+from governance.services.secrets import named_secret
 from tasks import instrumentation as spans
 from tasks.adapters import call_provider
 from tasks.adapters.base import (
@@ -37,18 +39,24 @@ from tasks.adapters.base import (
 from tasks.registry_tools import offered_specs
 
 PROGRESS_WRITE_EVERY = timedelta(seconds=30)  # mid-stream progress reaches the row this often
-_transport: tuple[int, httpx.HTTPTransport] | None = None
+_transports: tuple[int, dict[str, httpx.HTTPTransport]] | None = None
 
 
-def shared_transport() -> httpx.HTTPTransport:
-    """One HTTP transport per worker process: kept-alive connections to the
-    providers and one TLS context, instead of building both for every attempt
+def shared_transport(host: str) -> httpx.HTTPTransport:
+    """One HTTP transport per provider host and worker process: kept-alive
+    connections and one TLS context, instead of building both for every attempt
     (a new client costs tens of milliseconds). Made after the fork, never shared
-    across processes."""
-    global _transport
-    if _transport is None or _transport[0] != os.getpid():
-        _transport = (os.getpid(), httpx.HTTPTransport(retries=0))
-    return _transport[1]
+    across processes. One per host because requests go to the checked IP
+    address (``tasks.outbound``) and a pool is keyed by that address: two
+    providers behind one address must not share a connection whose TLS was
+    made for the other's name."""
+    global _transports
+    if _transports is None or _transports[0] != os.getpid():
+        _transports = (os.getpid(), {})
+    transports = _transports[1]
+    if host not in transports:
+        transports[host] = httpx.HTTPTransport(retries=0)
+    return transports[host]
 
 
 def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = None):
@@ -203,7 +211,7 @@ class _Sender:
                 ),
                 clock=time_source.current(),
                 on_event=self.progress.seen,
-                transport=shared_transport(),
+                transport=shared_transport(urlsplit(provider.base_url).netloc.lower()),
             )
             ended = time_source.now()
             classification = classify_attempt(response.evidence, ended)
@@ -256,15 +264,23 @@ def _message(item: dict) -> ChatMessage:
 
 
 def _config(provider: Provider) -> ProviderConfig:
+    """The adapter's configuration, with the key read from the variable the
+    provider names. A variable the allow-list refuses (a row stored before it,
+    or since narrowed) is not read: the attempt is refused, nothing is sent."""
+    api_key, refused = None, ""
+    if provider.api_key_env:
+        try:
+            api_key = named_secret(provider.api_key_env, "api_key_env")
+        except ImproperlyConfigured as exc:
+            refused = str(exc)
     return ProviderConfig(
         provider_id=provider.provider_id,
         kind=provider.kind,
         model=provider.model,
         base_url=provider.base_url,
-        api_key=settings.GOVERNANCE_NAMED_SECRET(provider.api_key_env)
-        if provider.api_key_env
-        else None,
+        api_key=api_key,
         connect_timeout_s=provider.connect_timeout_s,
         read_timeout_s=provider.read_timeout_s,
         script=provider.script,
+        refused=refused,
     )

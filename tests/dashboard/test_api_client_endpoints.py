@@ -253,22 +253,22 @@ OPENAI = {
     "kind": "openai",
     "model": "gpt-4o-mini",
     "base_url": "https://llm.example/v1",
-    "key_env": "GOV_TEST_OPENAI_KEY",
+    "key_env": "GOVERNANCE_KEY_TEST_OPENAI",
 }
 
 
 def test_a_provider_is_added_by_its_key_variable_and_no_key_is_ever_echoed(api, monkeypatch):
-    monkeypatch.delenv("GOV_TEST_OPENAI_KEY", raising=False)
+    monkeypatch.delenv("GOVERNANCE_KEY_TEST_OPENAI", raising=False)
     created = api.send("POST", "/api/v1/providers", OPENAI, status=201).json()
-    assert created["key_env"] == "GOV_TEST_OPENAI_KEY" and created["key_present"] is False
+    assert created["key_env"] == "GOVERNANCE_KEY_TEST_OPENAI" and created["key_present"] is False
     assert created["enabled"] is True and created["breaker"] == "closed"
     assert created["read_timeout_s"] == 120.0
     row = Provider.objects.get(provider_id="openai-main")
-    assert row.api_key_env == "GOV_TEST_OPENAI_KEY" and row.base_url == OPENAI["base_url"]
+    assert row.api_key_env == "GOVERNANCE_KEY_TEST_OPENAI" and row.base_url == OPENAI["base_url"]
     entry = AuditEntry.objects.get(action="provider.create")
     assert entry.actor == "ops-admin" and entry.target_id == "openai-main"
 
-    monkeypatch.setenv("GOV_TEST_OPENAI_KEY", "sk-very-secret-value-123")
+    monkeypatch.setenv("GOVERNANCE_KEY_TEST_OPENAI", "sk-very-secret-value-123")
     for response in (
         api.get("/api/v1/providers/openai-main"),
         api.get("/api/v1/providers"),
@@ -321,7 +321,7 @@ def test_bad_provider_bodies_are_400_naming_the_field_and_write_nothing(api, cha
           "script": {"default": {"answer": {"text": "a\x00b"}}}}, "script"),
         ({"provider_id": "a", "kind": "anthropic", "model": "claude"}, "base_url"),
         ({"provider_id": "s", "kind": "scripted", "model": "s-1", "script": SCRIPT,
-          "key_env": "SOME_KEY"}, "key_env"),
+          "key_env": "GOVERNANCE_KEY_SOME"}, "key_env"),
     ],
 )  # fmt: skip
 def test_kind_specific_rules(api, body, field):
@@ -382,10 +382,12 @@ def test_patch_changes_only_what_is_sent(api):
     changed = api.send(
         "PATCH",
         "/api/v1/providers/openai-main",
-        {"model": "gpt-5", "read_timeout_s": 30, "key_env": "OTHER_KEY"},
+        {"model": "gpt-5", "read_timeout_s": 30, "key_env": "GOVERNANCE_KEY_OTHER"},
     ).json()
     assert changed["model"] == "gpt-5" and changed["read_timeout_s"] == 30.0
-    assert changed["key_env"] == "OTHER_KEY" and changed["base_url"] == OPENAI["base_url"]
+    assert (
+        changed["key_env"] == "GOVERNANCE_KEY_OTHER" and changed["base_url"] == OPENAI["base_url"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,12 +485,12 @@ def run_command(*args) -> str:
 
 
 def test_the_command_adds_lists_and_disables(tmp_path, monkeypatch):
-    monkeypatch.setenv("GOV_TEST_CLI_KEY", "cli-secret-value")
+    monkeypatch.setenv("GOVERNANCE_KEY_TEST_CLI", "cli-secret-value")
     out = run_command(
         "add", "cli-openai", "--kind", "openai", "--model", "gpt", "--base-url",
-        "https://llm.example/v1", "--key-env", "GOV_TEST_CLI_KEY",
+        "https://llm.example/v1", "--key-env", "GOVERNANCE_KEY_TEST_CLI",
     )  # fmt: skip
-    assert "added cli-openai" in out and "GOV_TEST_CLI_KEY (set)" in out
+    assert "added cli-openai" in out and "GOVERNANCE_KEY_TEST_CLI (set)" in out
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
     run_command("add", "cli-demo", "--kind", "scripted", "--model", "d", "--script", str(script))
@@ -499,7 +501,7 @@ def test_the_command_adds_lists_and_disables(tmp_path, monkeypatch):
     ]  # fmt: skip
     assert lines[1].split()[:4] == ["cli-demo", "scripted", "d", "yes"]
     assert lines[2].split() == [
-        "cli-openai", "openai", "gpt", "yes", "closed", "GOV_TEST_CLI_KEY", "set",
+        "cli-openai", "openai", "gpt", "yes", "closed", "GOVERNANCE_KEY_TEST_CLI", "set",
         "https://llm.example/v1",
     ]  # fmt: skip
     assert "cli-secret-value" not in listing

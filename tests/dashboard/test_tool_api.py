@@ -75,10 +75,11 @@ def field_of(answer) -> str | None:
 def test_register_an_mcp_server_lists_what_it_exposes(admin, reader, mcp_url):
     created = admin.send(
         "POST", "/api/v1/tools",
-        {"name": "files", "kind": "mcp", "url": mcp_url, "token_env": "FILES_TOKEN"}, status=201,
+        {"name": "files", "kind": "mcp", "url": mcp_url, "token_env": "GOVERNANCE_KEY_FILES"},
+        status=201,
     )  # fmt: skip
     assert created["schema_version"] == 1 and created["list_error"] is None
-    assert created["token_env"] == "FILES_TOKEN" and created["token_present"] is False
+    assert created["token_env"] == "GOVERNANCE_KEY_FILES" and created["token_present"] is False
     by_name = {t["name"]: t for t in created["tools"]}
     assert by_name["files.read"]["effect"] == "read_only"
     assert by_name["files.read"]["wire_name"] == "files__read"

@@ -310,25 +310,27 @@ def test_r8_2_no_retry_on_400_and_the_channel_is_disabled(receiver, clock_at_sta
 def test_r8_2_pagerduty_without_routing_key_is_bad_config(receiver, monkeypatch, clock_at_start):
     """R8.2: a PagerDuty channel whose routing-key env var is unset is a
     permanent configuration error: disabled, nothing sent."""
-    monkeypatch.delenv("PD_KEY_MISSING", raising=False)
-    pd = channel("pager", "pagerduty", receiver.url("/pd"), routing_key_env="PD_KEY_MISSING")
+    monkeypatch.delenv("GOVERNANCE_KEY_PD_MISSING", raising=False)
+    pd = channel(
+        "pager", "pagerduty", receiver.url("/pd"), routing_key_env="GOVERNANCE_KEY_PD_MISSING"
+    )
     emit(make_thread(START).segments.get(), "critical", START)
     (row,) = deliveries()
     assert alerts.deliver(row.id) == State.FAILED
     pd.refresh_from_db()
-    assert not pd.enabled and "PD_KEY_MISSING" in pd.disabled_reason
+    assert not pd.enabled and "GOVERNANCE_KEY_PD_MISSING" in pd.disabled_reason
     assert receiver.requests == []
 
 
 @pytest.mark.django_db
 def test_r8_2_pagerduty_routing_key_from_a_file(receiver, monkeypatch, tmp_path, clock_at_start):
-    """The routing key is read by settings.GOVERNANCE_NAMED_SECRET, which honours
+    """The routing key is read by services.secrets.named_secret, which honours
     NAME_FILE like every other secret (mounted secrets, no key in the env)."""
     key_file = tmp_path / "pd-key"
     key_file.write_text("file-routing-key\n")
-    monkeypatch.delenv("PD_KEY_IN_FILE", raising=False)
-    monkeypatch.setenv("PD_KEY_IN_FILE_FILE", str(key_file))
-    channel("pager", "pagerduty", receiver.url("/pd"), routing_key_env="PD_KEY_IN_FILE")
+    monkeypatch.delenv("GOVERNANCE_KEY_PD_MOUNTED", raising=False)
+    monkeypatch.setenv("GOVERNANCE_KEY_PD_MOUNTED_FILE", str(key_file))
+    channel("pager", "pagerduty", receiver.url("/pd"), routing_key_env="GOVERNANCE_KEY_PD_MOUNTED")
     emit(make_thread(START).segments.get(), "critical", START)
     (row,) = deliveries()
     assert alerts.deliver(row.id) == State.DELIVERED
@@ -346,7 +348,7 @@ def test_r8_2_pagerduty_routing_key_env_that_is_no_variable_name_is_bad_config(
     (row,) = deliveries()
     assert alerts.deliver(row.id) == State.FAILED
     pd.refresh_from_db()
-    assert not pd.enabled and "not an environment variable name" in pd.disabled_reason
+    assert not pd.enabled and "the NAME of an environment variable" in pd.disabled_reason
     assert receiver.requests == []
 
 
@@ -482,9 +484,12 @@ def test_r8_2_pagerduty_trigger_acknowledge_resolve_with_a_stable_dedup_key(
     """R8.2: through the real services — a critical notice triggers, the
     dashboard acknowledgement acknowledges, a boundary resolves — PagerDuty
     hears all three under our dedupe key; normal notices never page."""
-    monkeypatch.setenv("PD_ROUTING_KEY_TEST", "r0uting-key-123")
+    monkeypatch.setenv("GOVERNANCE_KEY_PD_ROUTING_TEST", "r0uting-key-123")
     channel(
-        "pager", "pagerduty", receiver.url("/v2/enqueue"), routing_key_env="PD_ROUTING_KEY_TEST"
+        "pager",
+        "pagerduty",
+        receiver.url("/v2/enqueue"),
+        routing_key_env="GOVERNANCE_KEY_PD_ROUTING_TEST",
     )
     thread = make_thread(START)
     seg = thread.segments.get()

@@ -103,7 +103,7 @@ def refuser(request, scripted_provider):
     base_url, received = request.getfixturevalue("openai_server")
     provider = Provider.objects.create(
         provider_id="refuser", kind="openai", model="gpt-test", base_url=base_url,
-        api_key_env="REFUSER_KEY",
+        api_key_env="GOVERNANCE_KEY_REFUSER",
     )  # fmt: skip
     return provider, lambda: len(received)
 

@@ -332,10 +332,10 @@ def test_r8_2_refused_channel_target_disables_the_channel(
 ):
     """R8.2: a channel whose target is loopback is a permanent failure: no
     request, the delivery fails, the channel is disabled with the reason."""
-    monkeypatch.setenv("PD_KEY", "routing-key-1")
+    monkeypatch.setenv("GOVERNANCE_KEY_PD", "routing-key-1")
     target = server.url("/alert")
     channel = AlertChannel.objects.create(
-        name=f"ops-{kind}", kind=kind, target=target, routing_key_env="PD_KEY"
+        name=f"ops-{kind}", kind=kind, target=target, routing_key_env="GOVERNANCE_KEY_PD"
     )
     now = time_source.now()
     emit(make_thread(now).segments.get(), "critical", now)

@@ -234,10 +234,10 @@ def test_the_readme_example_server_registers_with_its_effect_classes():
 
 
 def test_bearer_tokens_are_named_by_their_variable_and_sent(http_server, monkeypatch):
-    monkeypatch.setenv("WEATHER_TOKEN", "s3cret-weather")
+    monkeypatch.setenv("GOVERNANCE_KEY_WEATHER", "s3cret-weather")
     register_http(
         "weather", http_server.url + "/weather", method="GET", description="Weather",
-        parameters=WEATHER_SCHEMA, effect="read_only", token_env="WEATHER_TOKEN",
+        parameters=WEATHER_SCHEMA, effect="read_only", token_env="GOVERNANCE_KEY_WEATHER",
     )  # fmt: skip
     result = registry_tools.run(tool("weather"), {"city": "Rome"}, idempotency_key="k", now=T0)
     assert result.effect == "succeeded"
@@ -246,7 +246,7 @@ def test_bearer_tokens_are_named_by_their_variable_and_sent(http_server, monkeyp
 
 
 def test_the_mcp_client_sends_the_named_bearer_token(monkeypatch):
-    monkeypatch.setenv("FILES_TOKEN", "s3cret-files")
+    monkeypatch.setenv("GOVERNANCE_KEY_FILES", "s3cret-files")
     seen: list[dict] = []
     app = files_server(McpRecord()).streamable_http_app()
 
@@ -258,7 +258,7 @@ def test_the_mcp_client_sends_the_named_bearer_token(monkeypatch):
     with UvicornThread(recording) as running:
         server = tool_servers.create_tool_server(
             name="files", kind="mcp", url=f"http://127.0.0.1:{running.port}/mcp",
-            by="test", now=T0, token_env="FILES_TOKEN",
+            by="test", now=T0, token_env="GOVERNANCE_KEY_FILES",
         )  # fmt: skip
         assert mcp_client.list_tools(server).tools
     assert seen and all(h.get("authorization") == "Bearer s3cret-files" for h in seen)

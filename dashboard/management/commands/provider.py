@@ -8,7 +8,11 @@ service functions as ``POST``/``PATCH /api/v1/providers``.
     manage.py provider disable openai-main --reason "key rotated"
     manage.py provider enable openai-main
 
-The key is named by its environment variable (``--key-env``), never given.
+The key is named by its environment variable (``--key-env``), never given;
+the variable must match ``GOVERNANCE_KEY_ENV_ALLOW`` (``GOVERNANCE_KEY_*`` and the
+conventional provider names by default), and the base URL may carry no
+credentials and must obey ``GOVERNANCE_OUTBOUND_ALLOW``. A refusal is one line
+on stderr and a non-zero exit, and adds nothing.
 """
 
 from __future__ import annotations
@@ -55,8 +59,14 @@ def _script(path: str | None, kind: str):
     return script
 
 
+def _key_state(row: dict) -> str:
+    if row["key_env_refused"]:
+        return "not allowed"  # the worker will not read it (GOVERNANCE_KEY_ENV_ALLOW)
+    return "set" if row["key_present"] else "missing"
+
+
 def table(rows: list[dict]) -> str:
-    """The providers as a plain table, one line each."""
+    """The providers as a plain table, one line each (base URLs masked)."""
     cells = [
         [
             row["provider_id"],
@@ -65,7 +75,7 @@ def table(rows: list[dict]) -> str:
             "yes" if row["enabled"] else "no",
             row["breaker"],
             row["key_env"] or "-",
-            ("set" if row["key_present"] else "missing") if row["key_env"] else "-",
+            _key_state(row) if row["key_env"] else "-",
             row["base_url"] or "-",
         ]
         for row in rows
@@ -89,7 +99,10 @@ class Command(BaseCommand):
             help=" and ".join(k.name for k in kinds if k.has_server) + " kinds",
         )
         add.add_argument(
-            "--key-env", default="", help="NAME of the environment variable holding the key"
+            "--key-env",
+            default="",
+            help="NAME of the environment variable holding the key "
+            "(matching GOVERNANCE_KEY_ENV_ALLOW, e.g. GOVERNANCE_KEY_OPENAI or OPENAI_API_KEY)",
         )
         add.add_argument(
             "--script",

@@ -68,7 +68,11 @@ class Command(BaseCommand):
         add.add_argument("name")
         add.add_argument("--kind", required=True, choices=ToolServer.Kind.values)
         add.add_argument("--url", required=True)
-        add.add_argument("--token-env", default="", help="NAME of the variable with the token")
+        add.add_argument(
+            "--token-env",
+            default="",
+            help="NAME of the variable with the token (matching GOVERNANCE_KEY_ENV_ALLOW)",
+        )
         add.add_argument("--method", choices=tool_servers.METHODS, help="http kind")
         add.add_argument("--description", default="", help="http kind: what the tool does")
         add.add_argument("--parameters", help="http kind: a JSON file with the JSON Schema")
