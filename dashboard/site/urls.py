@@ -2,13 +2,23 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import path
 
 from dashboard.api.urls import api_patterns
 from dashboard.pages.urls import page_patterns
 
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """The dashboard's icon for pages that link none (Django's admin and error
+    pages): the browser asks for /favicon.ico and would log its 404."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
     *page_patterns,
+    path("favicon.ico", favicon),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
