@@ -283,7 +283,7 @@ def display(row: TierRow) -> dict[str, Any]:
         # The chart: the rate as a bar, the interval as a whisker (percent of the width).
         "bar": f"{100 * row.rate:.2f}" if row.rate is not None else None,
         "low": f"{100 * interval.low:.2f}" if interval else None,
-        "span": f"{100 * (interval.high - interval.low):.2f}" if interval else None,
+        "high": f"{100 * interval.high:.2f}" if interval else None,
     }
 
 

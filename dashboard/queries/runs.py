@@ -253,6 +253,11 @@ class Bar:
     status: str = ""  # "error" colours the bar; the words are in ``detail``
     start: datetime | None = None
 
+    @property
+    def center(self) -> float:
+        """Where the bar's middle is (percent): a bar too short to see is drawn there."""
+        return round(self.left + self.width / 2, 2)
+
 
 @dataclass
 class Waterfall:

@@ -13,6 +13,10 @@ checkout as it was). The folders are made by what needs them:
 - the file-based cache's folder on its first write (``FileBasedCache``; Django's
   makes it when the cache is opened, which every system check does);
 - ``collectstatic`` fills ``STATIC_ROOT``.
+
+Each is made owner-only (0700) and the SQLite file 0600, whatever the umask
+(dashboard/site/private_files.py; Django's cache makes its folder 0700 itself);
+``make_folders`` also tightens what an older version left readable by others.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from django.conf import settings
 from django.core.cache.backends import filebased
 from kombu.transport import filesystem
 
+from dashboard.site.private_files import make_private_folder, sqlite_files, tighten
+
 
 def folders() -> list[Path]:
     """Every folder the settings name for files kept under the embedded defaults."""
     found = [Path(settings.VAR_DIR), Path(settings.STATIC_ROOT)]
-    database = settings.DATABASES["default"]
-    if database["ENGINE"] == "dashboard.site.sqlite3" and database["NAME"] != ":memory:":
-        found.append(Path(database["NAME"]).parent)
+    database = _sqlite_database()
+    if database is not None:
+        found.append(database.parent)
     if settings.CELERY_BROKER_URL == "filesystem://":
         found.extend(_broker_folders(settings.CELERY_BROKER_TRANSPORT_OPTIONS))
     found.append(Path(settings.CELERY_BEAT_SCHEDULE_FILENAME).parent)
@@ -39,13 +45,38 @@ def folders() -> list[Path]:
 
 
 def make_folders() -> list[Path]:
-    """Make every folder of ``folders()``; returns the ones that were missing."""
-    made = []
+    """Make every folder of ``folders()`` owner-only and tighten what an older
+    version left readable by others; returns the folders that were missing."""
+    missing = [folder for folder in folders() if not folder.is_dir()]
     for folder in folders():
-        if not folder.is_dir():
-            folder.mkdir(parents=True, exist_ok=True)
-            made.append(folder)
-    return made
+        make_private_folder(folder)
+    database = _sqlite_database()
+    tighten([*_folders_in_var(), *(sqlite_files(database) if database else [])])
+    return missing
+
+
+def _sqlite_database() -> Path | None:
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "dashboard.site.sqlite3" or database["NAME"] == ":memory:":
+        return None
+    return Path(database["NAME"])
+
+
+def _folders_in_var() -> list[Path]:
+    """``VAR_DIR`` and the folders of ``folders()`` in it, with those between.
+
+    Only these are tightened: a folder outside it (a SQLite file's, named by
+    DATABASE_URL) is the person's own and keeps its mode.
+    """
+    var = Path(settings.VAR_DIR)
+    found = []
+    for folder in folders():
+        if folder != var and var not in folder.parents:
+            continue
+        while folder != var:
+            found.append(folder)
+            folder = folder.parent
+    return [var, *dict.fromkeys(reversed(found))]
 
 
 def _broker_folders(options: dict) -> list[Path]:
@@ -69,7 +100,7 @@ class FilesystemChannel(filesystem.Channel):
                 "store_processed": self.store_processed,
             }
         ):
-            folder.mkdir(parents=True, exist_ok=True)
+            make_private_folder(folder)
 
 
 class FilesystemTransport(filesystem.Transport):
@@ -88,7 +119,7 @@ class BeatScheduler(PersistentScheduler):
     """Celery's default scheduler, making the schedule file's folder first."""
 
     def setup_schedule(self):
-        Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
+        make_private_folder(Path(self.schedule_filename).parent)
         super().setup_schedule()
 
 

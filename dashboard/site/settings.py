@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from csp.constants import NONE, SELF
 from kombu import Queue
 
 from dashboard.site.env import (
@@ -55,6 +56,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # django-csp: its system checks catch a policy written in its old (3.x) settings.
+    "csp",
     "django_htmx",
     "template_partials",
     "governance",
@@ -67,6 +70,8 @@ MIDDLEWARE = [
     # First: JSON errors under /api/, whatever an inner layer answers (dashboard/site/errors.py).
     "dashboard.site.errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # The Content-Security-Policy header (django-csp; settings below).
+    "dashboard.site.content_security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -179,6 +184,23 @@ X_FRAME_OPTIONS = "DENY"
 if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SILENCED_SYSTEM_CHECKS = ["security.W021"] if not SECURE_HSTS_PRELOAD else []
+# Content-Security-Policy (django-csp 4, dashboard/site/content_security.py): the
+# pages load scripts, styles and everything else from this origin only, with no
+# inline script or style and no eval (htmx runs with allowEval off: templates/base.html);
+# computed sizes are SVG attributes, not style attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    }
+}
+# Answers under /api/ (JSON, the event stream) load nothing and are never framed.
+API_CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": [NONE], "frame-ancestors": [NONE]}}
 
 # --- Celery (the CELERY_ namespace is read by tasks/celery.py) ---
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"

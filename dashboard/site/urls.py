@@ -2,14 +2,24 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import path
 
 from dashboard.api.urls import api_patterns
 from dashboard.pages.urls import page_patterns
 from dashboard.site import permissions
 
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """The dashboard's icon for pages that link none (Django's admin and error
+    pages): the browser asks for /favicon.ico and would log its 404."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
     *page_patterns,
+    path("favicon.ico", permissions.requires(GET=permissions.ANYONE)(favicon)),
     path(
         "login/",
         permissions.requires(GET=permissions.ANYONE, POST=permissions.ANYONE)(

@@ -74,7 +74,8 @@ def test_r7_1_r7_3_network_drop_mid_answer_loses_and_duplicates_nothing(
     page = page_for(outsider.username)
     page.goto(f"{live_server.url}/runs/{run.id}/watch")
     answer = page.locator("#answer")
-    page.wait_for_function("document.getElementById('answer').textContent.includes('gather')")
+    # A locator, not wait_for_function: the eval that needs is refused by the page's CSP.
+    page.locator("#answer", has_text="gather").wait_for()
     page.get_by_text("streaming").wait_for()
     shots(page, "1-streaming")
 
@@ -88,7 +89,7 @@ def test_r7_1_r7_3_network_drop_mid_answer_loses_and_duplicates_nothing(
     time.sleep(1.0)
     page.context.set_offline(False)
     services.commit_chunks(run, parts[4:], time_source.now())
-    page.wait_for_function("document.getElementById('answer').textContent.includes('report back')")
+    page.locator("#answer", has_text="report back").wait_for()
     assert answer.text_content() == committed_body(run) == "".join(parts)  # no dup, no gap
     wait_until(
         lambda: BodyChunk.objects.filter(run=run, observed_at__isnull=False).count() == 5,
@@ -121,7 +122,7 @@ def test_r7_1_stop_button_settles_cancelled_and_keeps_committed_chunks(
     services.commit_chunks(run, ["Partial answer, ", "still going"], time_source.now())
     page = page_for(outsider.username)
     page.goto(f"{live_server.url}/runs/{run.id}/watch")
-    page.wait_for_function("document.getElementById('answer').textContent.includes('still going')")
+    page.locator("#answer", has_text="still going").wait_for()
     shots(page, "1-before-stop")
     page.get_by_role("button", name="Stop").click()
     page.get_by_text("settled: cancelled").wait_for(timeout=30_000)

@@ -465,14 +465,14 @@ def test_r6_1_waterfall_from_span_store_rows(client, oncall, thread):
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
     assert "Drawn from the embedded span store: 4 spans over 1 min 40 s" in body
-    assert "left: 0.0%; width: 100.0%" in body  # the run span
-    assert "left: 10.0%; width: 20.0%" in body  # queued 10 s → 30 s
-    assert "left: 30.0%; width: 50.0%" in body  # execution 30 s → 80 s
-    assert "left: 35.0%; width: 10.0%" in body  # the attempt
+    assert 'x="0.0%" width="100.0%"' in body  # the run span
+    assert 'x="10.0%" width="20.0%"' in body  # queued 10 s → 30 s
+    assert 'x="30.0%" width="50.0%"' in body  # execution 30 s → 80 s
+    assert 'x="35.0%" width="10.0%"' in body  # the attempt
     assert "stage 1 · model turn · queued" in body and "queue 20.0 s" in body
     assert "timed out: stage_timeout" in body
     assert "alpha · re-probe" in body and "failed: refusal" in body and "tokens 120 in" in body
-    assert 'padding-left: 2rem">alpha · re-probe' in body  # attempt under execution under run
+    assert 'wf-depth-2">alpha · re-probe' in body  # attempt under execution under run
     assert "No spans in the span store" not in body
 
 
@@ -486,8 +486,8 @@ def test_r6_1_waterfall_falls_back_to_stage_times_without_spans(client, oncall, 
     client.force_login(oncall)
     body = body_of(client.get(run_url(run)))
     assert "No spans in the span store for this run</strong> — drawn from the stages" in body
-    assert "left: 0.0%; width: 25.0%" in body  # queued 0 → 5 s of 20 s
-    assert "left: 25.0%; width: 50.0%" in body  # executed 5 → 15 s
+    assert 'x="0.0%" width="25.0%"' in body  # queued 0 → 5 s of 20 s
+    assert 'x="25.0%" width="50.0%"' in body  # executed 5 → 15 s
 
 
 def test_provider_attempts_table(client, oncall, thread, providers):
@@ -766,7 +766,7 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
 
     assert "Drawn from the embedded span store: 6 spans over 1 min 40 s" in body
     rows = re.findall(r'<li class="wf-row wf-(\w+)[^"]*">(.*?)</li>', body, re.S)
-    labels = [re.search(r'rem">([^<]*)', row).group(1) for _kind, row in rows]
+    labels = [re.search(r'wf-depth-\d">([^<]*)', row).group(1) for _kind, row in rows]
     assert labels == [
         "Run",
         "stage 1 · model turn · queued",
@@ -779,15 +779,15 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
         label: row for (kind, row), label in zip(rows, labels, strict=True) if kind == "queue"
     }
     first_queue = queued["stage 1 · model turn · queued"]
-    assert "left: 10.0%; width: 20.0%" in first_queue  # enqueued 10 s → started 30 s
+    assert 'x="10.0%" width="20.0%"' in first_queue  # enqueued 10 s → started 30 s
     assert "queue 20.0 s" in first_queue  # the execution span's clocks
-    assert 'padding-left: 1rem">stage 1' in first_queue  # under the run span
+    assert 'wf-depth-1">stage 1' in first_queue  # under the run span
     second_queue = queued["stage 2 · tool call · queued"]
-    assert "left: 60.0%; width: 5.0%" in second_queue  # enqueued 60 s → started 65 s
+    assert 'x="60.0%" width="5.0%"' in second_queue  # enqueued 60 s → started 65 s
     assert "queue 5.0 s" in second_queue
     # Each queue bar ends where its stage's execution bar begins.
-    assert "left: 30.0%; width: 30.0%" in body  # stage 1 execution 30 s → 60 s
-    assert "left: 65.0%; width: 15.0%" in body  # stage 2 execution 65 s → 80 s
+    assert 'x="30.0%" width="30.0%"' in body  # stage 1 execution 30 s → 60 s
+    assert 'x="65.0%" width="15.0%"' in body  # stage 2 execution 65 s → 80 s
 
 
 def test_run_page_times_and_stages_of_many_attempts(client, oncall, thread):

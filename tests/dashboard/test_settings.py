@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from django.db import connection
 from tests.conftest import REPO_ROOT, requires_services
 
 
-def _manage(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+def _manage(
+    *args: str, env: dict[str, str], tmp_path: Path, umask: int = -1
+) -> subprocess.CompletedProcess:
     clean = {
         k: v
         for k, v in os.environ.items()
@@ -29,6 +32,7 @@ def _manage(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=120,
+        umask=umask,  # -1: this process's
     )
 
 
@@ -212,11 +216,114 @@ def test_sqlite_backend_makes_the_folder_of_its_file_and_nothing_for_memory(tmp_
 
     entry = database_from_url(f"sqlite:///{tmp_path}/deep/er/db.sqlite3", base_dir=tmp_path)
     assert entry["ENGINE"] == "dashboard.site.sqlite3"
-    for name in (":memory:", entry["NAME"]):
-        wrapper = DatabaseWrapper({**entry, "NAME": name, **_WRAPPER_DEFAULTS}, alias="t")
-        wrapper.get_new_connection(wrapper.get_connection_params()).close()
+    umask = os.umask(0o022)
+    try:
+        for name in (":memory:", entry["NAME"]):
+            wrapper = DatabaseWrapper({**entry, "NAME": name, **_WRAPPER_DEFAULTS}, alias="t")
+            wrapper.get_new_connection(wrapper.get_connection_params()).close()
+    finally:
+        os.umask(umask)
     assert (tmp_path / "deep" / "er" / "db.sqlite3").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]
+    # Owner-only under the usual umask: the folders it made and the file.
+    assert _mode(tmp_path / "deep") == _mode(tmp_path / "deep" / "er") == 0o700
+    assert _mode(tmp_path / "deep" / "er" / "db.sqlite3") == 0o600
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# Under a permissive umask, what `manage.py up` makes, then a database write in
+# each journal mode: the modes of the folders and of SQLite's files.
+OWNER_ONLY_SCRIPT = """
+import stat
+from pathlib import Path
+from django.conf import settings
+from django.db import connection
+from dashboard.site.embedded import make_folders
+
+make_folders()
+var = Path(settings.VAR_DIR)
+database = Path(settings.DATABASES["default"]["NAME"])
+modes = {}
+
+
+def note(*names):
+    for name in names:
+        modes[name] = stat.S_IMODE(database.with_name(name).stat().st_mode)
+
+
+with connection.cursor() as cursor:
+    cursor.execute("PRAGMA journal_mode=PERSIST")  # keeps its -journal file
+    cursor.execute("CREATE TABLE t (x)")
+    note("db.sqlite3-journal")
+    cursor.execute("PRAGMA journal_mode=WAL")  # deletes the -journal
+    cursor.execute("INSERT INTO t VALUES (1)")
+    note("db.sqlite3-wal", "db.sqlite3-shm")
+for path in [var, *var.rglob("*")]:
+    if path.name not in modes:
+        modes[path.relative_to(var).as_posix()] = stat.S_IMODE(path.stat().st_mode)
+print(" ".join(f"{name}={mode:o}" for name, mode in sorted(modes.items())))
+"""
+
+
+def test_embedded_folders_and_the_database_are_owner_only_whatever_the_umask(tmp_path: Path):
+    result = _manage(
+        "shell", "--no-imports", "-c", OWNER_ONLY_SCRIPT, env={}, tmp_path=tmp_path, umask=0o022
+    )
+    assert result.returncode == 0, result.stderr
+    modes = dict(item.split("=") for item in result.stdout.split())
+    assert modes == {
+        ".": "700",
+        "broker": "700",
+        "broker/control": "700",
+        "broker/queue": "700",
+        "staticfiles": "700",
+        "db.sqlite3": "600",
+        "db.sqlite3-journal": "600",
+        "db.sqlite3-wal": "600",
+        "db.sqlite3-shm": "600",
+    }
+    assert "owner-only" not in result.stderr  # nothing to tighten on a fresh start
+
+
+def test_what_an_older_version_left_readable_is_tightened_at_start_with_one_log_line(
+    tmp_path: Path,
+):
+    var = tmp_path / "var"
+    older = [var, var / "broker", var / "broker" / "queue", var / "staticfiles"]
+    for folder in older:
+        folder.mkdir()
+        folder.chmod(0o755)
+    files = [var / "db.sqlite3", var / "db.sqlite3-wal", var / "broker" / "queue" / "message"]
+    for file in files:
+        file.write_bytes(b"")
+        file.chmod(0o644)
+    script = "from dashboard.site.embedded import make_folders;make_folders();make_folders()"
+    result = _manage("shell", "--no-imports", "-c", script, env={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert all(_mode(folder) == 0o700 for folder in older)
+    assert _mode(var / "broker" / "control") == 0o700  # made
+    assert _mode(var / "db.sqlite3") == _mode(var / "db.sqlite3-wal") == 0o600
+    # A message of the broker is out of reach in its owner-only folder; left as it was.
+    assert _mode(var / "broker" / "queue" / "message") == 0o644
+    lines = [line for line in result.stderr.splitlines() if "owner-only" in line]
+    assert len(lines) == 1, result.stderr  # the second start had nothing to tighten
+    assert "WARNING" in lines[0]
+    for path in (var, var / "broker", var / "db.sqlite3", var / "db.sqlite3-wal"):
+        assert f"{path} 0755 → 0700" in lines[0] or f"{path} 0644 → 0600" in lines[0]
+
+
+def test_a_shared_folder_named_as_var_dir_keeps_its_mode(tmp_path: Path, caplog):
+    from dashboard.site.private_files import tighten
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert tighten([shared]) == []
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert "Could not make owner-only" in caplog.text and "a shared folder" in caplog.text
 
 
 _WRAPPER_DEFAULTS = {

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -61,6 +62,7 @@ def start_up(tmp_path: Path):
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            umask=0o022,  # the usual one: the embedded files must not follow it
         )
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
@@ -134,6 +136,10 @@ def test_up_runs_web_worker_and_scheduler_on_embedded_defaults(system, tmp_path:
     # up made the embedded defaults' folders before starting the children.
     var = tmp_path / "var"
     assert (var / "broker" / "queue").is_dir() and (var / "staticfiles").is_dir()
+    # Owner-only, whatever the umask: the folders and the database.
+    for path in (var, var / "broker", var / "broker" / "queue", var / "staticfiles"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    assert stat.S_IMODE((var / "db.sqlite3").stat().st_mode) == 0o600
 
     with httpx.Client(base_url=base, timeout=10) as browser:
         login_page = browser.get("/login/")

@@ -46,7 +46,8 @@ def test_overview_htmx_poll_returns_only_the_board_fragment(client, operator):
     body = response.content.decode()
     assert response.status_code == 200
     assert body.lstrip().startswith('<div id="board"')
-    assert 'hx-trigger="every 10s, refresh from:body"' in body
+    # An acknowledgement's answer says alerts-changed (HX-Trigger): the board refreshes.
+    assert 'hx-trigger="every 10s, alerts-changed from:body"' in body
     assert '<section id="system-status"' in body
     assert "<html" not in body
 

@@ -55,6 +55,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import connection
 
+from dashboard.site.private_files import make_private_file, make_private_folder
 from governance import services, time_source
 from governance.models import (
     KnowledgeDocument,
@@ -119,8 +120,8 @@ def ensure_demo_users(var_dir: Path) -> list[tuple[str, str, str]]:
             password = password_file.read_text().strip()
         else:
             password = secrets.token_urlsafe(12)
+            make_private_file(password_file)  # 0600 before the password is in it
             password_file.write_text(password + "\n")
-            password_file.chmod(0o600)
         user, _ = user_model.objects.get_or_create(
             username=username, defaults={"email": f"{username}@localhost"}
         )
@@ -878,7 +879,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, force: bool = False, **options):
         var_dir = Path(settings.VAR_DIR)
-        var_dir.mkdir(parents=True, exist_ok=True)
+        make_private_folder(var_dir)
         present = Thread.objects.filter(title__startswith=TITLE_PREFIX)
         if present.exists() and not force:
             self.stdout.write("demo data already present (use --force to add another round)")

@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.management.commands.demo import ensure_demo_users
 from dashboard.site.embedded import make_folders
+from dashboard.site.private_files import make_private_file
 from dashboard.site.supervisor import StatusReport, Supervisor
 from governance.models import Run, Stage, Thread
 
@@ -150,8 +151,8 @@ def ensure_demo_admin(var_dir: Path) -> tuple[str, str]:
         password = password_file.read_text().strip()
     else:
         password = secrets.token_urlsafe(12)
+        make_private_file(password_file)  # 0600 before the password is in it
         password_file.write_text(password + "\n")
-        password_file.chmod(0o600)
     user_model = get_user_model()
     user, _created = user_model.objects.get_or_create(
         username=DEMO_USERNAME, defaults={"email": "admin@localhost"}
@@ -193,7 +194,7 @@ class Command(BaseCommand):
         if level not in FULL_LOG_LEVELS:
             logging.getLogger().setLevel(level)  # this process's own INFO lines too
         var_dir = Path(settings.VAR_DIR)
-        make_folders()  # var/: SQLite, broker, static files, beat schedule
+        make_folders()  # var/ (owner-only): SQLite, broker, static files, beat schedule
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("Database migrated.")
         if not settings.DEBUG:
