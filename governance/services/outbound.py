@@ -24,6 +24,7 @@ import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -59,6 +60,24 @@ class Destination:
     port: int
     addresses: tuple[str, ...]
     host_is_address: bool
+
+
+def require_http_url(value: str, field: str) -> None:
+    """``value`` is an http:// or https:// URL with a host (and a port, if one,
+    that is a number): a ServiceError naming ``field`` otherwise, never the
+    parser's own ValueError (an unclosed IPv6 bracket, a port of letters)."""
+    try:
+        parts = urlsplit(value)
+        well_formed = (
+            parts.scheme in ("http", "https")
+            and bool(parts.hostname)
+            and not any(c.isspace() for c in value)
+        )
+        parts.port  # noqa: B018  (raises for a port that is not a number)
+    except ValueError:
+        well_formed = False
+    if not well_formed:
+        raise ServiceError(field, "must be an http:// or https:// URL with a host")
 
 
 def resolve(host: str, port: int) -> list[str]:

@@ -21,7 +21,6 @@ import re
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
 
@@ -36,7 +35,7 @@ from governance.rules.refusal import (
 from governance.rules.secrets import ENV_NAME
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
-from governance.services.outbound import require_outbound_url
+from governance.services.outbound import require_http_url, require_outbound_url
 from governance.services.secrets import require_key_env, require_url_without_credentials
 
 PROVIDER_ID = re.compile(r"[-a-zA-Z0-9_]{1,64}")
@@ -98,13 +97,7 @@ class ProviderExists(ServiceError):
 def _base_url_form(base_url: str, field: str) -> None:
     if len(base_url) > BASE_URL_MAX:
         raise ServiceError(field, f"at most {BASE_URL_MAX} characters")
-    parts = urlsplit(base_url)
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or any(c.isspace() for c in base_url)
-    ):
-        raise ServiceError(field, "must be an http:// or https:// URL with a host")
+    require_http_url(base_url, field)
 
 
 def check_base_url(base_url: str, field: str = "base_url") -> None:

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import jsonschema
 from django.db import IntegrityError, transaction
@@ -31,7 +30,7 @@ from governance.rules.secrets import ENV_NAME
 from governance.rules.segments import SURFACE_WILDCARD
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
-from governance.services.outbound import require_outbound_url
+from governance.services.outbound import require_http_url, require_outbound_url
 from governance.services.secrets import require_key_env, require_url_without_credentials
 
 BUILTIN_TOOL_NAMES = ("calculator", "kb_search", "webhook")
@@ -78,13 +77,7 @@ def check_url(value: Any, field: str, *, required: bool = True) -> str:
         return ""
     if not isinstance(value, str) or len(value) > URL_MAX:
         raise ServiceError(field, f"an http(s) URL of at most {URL_MAX} characters")
-    parts = urlsplit(value)
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or any(c.isspace() for c in value)
-    ):
-        raise ServiceError(field, "must be an http:// or https:// URL with a host")
+    require_http_url(value, field)
     require_url_without_credentials(value, field)
     require_outbound_url(value, field)
     return value

@@ -584,3 +584,18 @@ def test_the_client_endpoints_answer_as_described(case, live_server, admin_user,
         headers={"Authorization": f"Bearer {TOKEN}"},
         excluded_checks=[positive_data_acceptance],
     )
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1/v1", "http://[zz]/v1", "http://h:port/v1", "http://h:99999999/"]
+)
+def test_a_url_the_parser_refuses_is_a_400_naming_its_field_never_a_500(api, url):
+    """schemathesis's stateful phase found these as 500s (urlsplit's ValueError)."""
+    api.send("POST", "/api/v1/providers", OPENAI, status=201)
+    before = Provider.objects.get(provider_id="openai-main").updated_at
+    patched = api.send("PATCH", "/api/v1/providers/openai-main", {"base_url": url}, status=400)
+    assert error_field(patched) == "base_url"
+    assert Provider.objects.get(provider_id="openai-main").updated_at == before
+    created = api.send("POST", "/api/v1/providers", {**OPENAI, "provider_id": "x", "base_url": url},
+                       status=400)  # fmt: skip
+    assert error_field(created) == "base_url" and not Provider.objects.filter(provider_id="x")
