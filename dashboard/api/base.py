@@ -98,9 +98,7 @@ def authenticate(request: HttpRequest):
     return user
 
 
-def api_view(
-    methods: tuple[str, ...], *, permission: str | None = None, atomic: bool = False
-) -> Callable:
+def api_view(methods: tuple[str, ...], *, permission: Any = None, atomic: bool = False) -> Callable:
     """``permission``: what the token's user must hold (and its scopes allow),
     checked before anything is read or written; a write must name one (None: a
     read any token may make). ``atomic``: the token check, the reads and the
@@ -120,8 +118,8 @@ def api_view(
             try:
                 with transaction.atomic() if atomic else nullcontext():
                     request.api_user = authenticate(request)
-                    if permission is not None:
-                        require(request, permission)
+                    if checked := permissions.checked_before_the_view(permission):
+                        require(request, checked)
                     return view(request, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.field, exc.message)

@@ -37,7 +37,6 @@ from dashboard.api.base import (
     authenticate,
     error_response,
     parse_body,
-    require,
     require_visible,
 )
 from dashboard.api.schemas import AckBody
@@ -305,7 +304,6 @@ def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
         rejected = csrf_protect(lambda r: None)(request)
         if rejected is not None:
             return error_response(403, "X-CSRFToken", "CSRF check failed")
-    require(request, ACK_PERMISSION)
     run = _run_or_404(request, run_id)
     if not permissions.records_delivery(user, run.owner_id, request.api_scopes):
         raise ApiError(403, None, "only the run's owner records what its client was shown")
@@ -326,12 +324,8 @@ def _ack(request: HttpRequest, run_id: str) -> JsonResponse:
     )
 
 
-# Observed chunks are the client's evidence (R7.2): its owner's, who submits runs.
-ACK_PERMISSION = permissions.SUBMIT_RUN
-
-
 @csrf_exempt
-@permissions.declared(POST=ACK_PERMISSION)
+@permissions.declared(POST=permissions.OWN_RUN)  # R7.2: the client's evidence
 def run_acks(request: HttpRequest, run_id: str) -> JsonResponse:
     """POST /api/v1/runs/{id}/acks {"through": n} — R7.2/R7.3: observed chunks 1 … n."""
     if request.method != "POST":

@@ -190,7 +190,9 @@ OPERATIONS: tuple[Operation, ...] = (
         "post", "/api/v1/runs/{run_id}/acks",
         "Acknowledge the chunks the client has shown (R7.2, R7.3)",
         {200: ("what is committed, sent and observed now", s.AckAnswer)},
-        body=s.AckBody, errors=WRITE, tags=("runs",), parameters=(RUN_ID,),
+        body=s.AckBody, errors=(*WRITE, 403), tags=("runs",), parameters=(RUN_ID,),
+        description="Only the run's owner: what its client was shown is its evidence, "
+        "never an onlooker's (R7.2).",
     ),
     Operation(
         "get", "/api/v1/threads", "Threads, newest first (cursor-paged)",
@@ -373,7 +375,9 @@ def declared_permission(op: Operation) -> str | None:
     """The codename the operation's view declares it checks (None: a read any token may make)."""
     view = resolve(re.sub(r"\{[^}]+\}", "x", op.path)).func
     needed = view.required_permissions[op.method.upper()]
-    return needed.split(".", 1)[1] if needed else None
+    if isinstance(needed, tuple):  # (a permission, OWN_RUN): the permission, or the owner
+        needed = needed[0]
+    return needed.split(".", 1)[1] if needed and needed.startswith("governance.") else None
 
 
 def _operation(op: Operation) -> dict[str, Any]:

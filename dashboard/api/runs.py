@@ -265,13 +265,17 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     return response
 
 
-@api_view(("POST",), permission=permissions.CANCEL_RUN)
+@api_view(("POST",), permission=(permissions.CANCEL_RUN, permissions.OWN_RUN))
 def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
     try:
         run = Run.objects.get(id=parse_uuid(run_id, "run"))
     except Run.DoesNotExist:
         raise ApiError(404, None, "no such run") from None
     require_visible(request, run.owner_id, "run")
+    if not permissions.may_stop(request.api_user, run, request.api_scopes):
+        raise ApiError(
+            403, None, permissions.refusal(permissions.CANCEL_RUN) + " (or your own run)"
+        )
     try:
         services.request_cancel(run, by=request.api_user.get_username(), now=time_source.now())
     except RunSettled as exc:

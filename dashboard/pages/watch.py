@@ -35,10 +35,12 @@ def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
 
 
 @login_required
-@permissions.requires(POST=permissions.CANCEL_RUN)
+@permissions.requires(POST=(permissions.CANCEL_RUN, permissions.OWN_RUN))
 def watch_stop(request: HttpRequest, run_id: uuid.UUID) -> JsonResponse:
     """POST /runs/{id}/stop — the Stop button: an explicit user stop (R7.1), like the API."""
     run = _visible_run(request, run_id)
+    if not permissions.may_stop(request.user, run):
+        return error_response(403, None, permissions.refusal(permissions.CANCEL_RUN))
     try:
         services.request_cancel(run, by=request.user.get_username(), now=time_source.now())
     except RunSettled as exc:

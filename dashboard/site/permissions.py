@@ -45,6 +45,11 @@ SEE_ALL_RUNS = "governance.see_all_runs"
 SIGNED_IN = "signed-in"
 # Declared by sign-in itself (the login form).
 ANYONE = "anyone"
+# Declared by a write on one run that its owner may make whatever their role
+# (R7.1: who asked stops their run; R7.2: their client's acks). The view
+# checks it, once it has read the run: ``(CANCEL_RUN, OWN_RUN)`` is "cancel_run,
+# or the run's owner"; ``OWN_RUN`` alone is the owner only.
+OWN_RUN = "own-run"
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -75,16 +80,29 @@ def visible(rows: QuerySet, user, scopes=(), *, owner: str = "owner") -> QuerySe
     return rows if sees_all(user, scopes) else rows.filter(Q(**{owner: user}))
 
 
+def _owns(user, owner_id: Any, scopes, codename: str) -> bool:
+    """The run is the user's, and its token (if scoped) may act as its client."""
+    return owner_id is not None and owner_id == user.pk and (not scopes or codename in scopes)
+
+
 def may_stop(user, run, scopes=()) -> bool:
-    """R7.1: a user who may see the run stops it with cancel_run (a service
-    account: its own runs only)."""
+    """R7.1: who asked may stop their own run, whatever their role; others need
+    cancel_run and to see the run (a service account: its own only)."""
+    if _owns(user, run.owner_id, scopes, "cancel_run"):
+        return True
     return allowed(user, CANCEL_RUN, scopes) and may_see(user, run.owner_id, scopes)
 
 
 def records_delivery(user, owner_id: Any, scopes=()) -> bool:
     """R7.2: what a client was sent and shown is evidence only from the run's
-    owner (who submits runs): a staff member watching never marks it."""
-    return owner_id is not None and owner_id == user.pk and allowed(user, SUBMIT_RUN, scopes)
+    owner: staff watching someone else's run never mark it."""
+    return _owns(user, owner_id, scopes, "submit_run")
+
+
+def checked_before_the_view(needed: Any) -> str | None:
+    """The permission a declaration lets the decorator check up front; None
+    when the view checks (ownership needs the run) or nothing is needed."""
+    return needed if isinstance(needed, str) and needed.startswith("governance.") else None
 
 
 def declared(**by_method: str | None) -> Callable:
@@ -114,7 +132,8 @@ def requires(refused: Callable | None = None, **by_method: str | None) -> Callab
                 needed = by_method[request.method]
             else:
                 return HttpResponseNotAllowed(list(by_method))
-            if needed not in (None, SIGNED_IN, ANYONE) and not allowed(request.user, needed):
+            needed = checked_before_the_view(needed)
+            if needed is not None and not allowed(request.user, needed):
                 if refused is not None:
                     return refused(request, *args, **kwargs)
                 raise PermissionDenied(refusal(needed))

@@ -63,8 +63,11 @@ def test_every_write_names_a_permission_or_says_it_needs_none():
         for method, needed in view.required_permissions.items():
             if method in WRITES:
                 assert needed, f"{route} {method} declares no permission"
-                assert needed in (permissions.SIGNED_IN, permissions.ANYONE) or (
-                    needed.startswith("governance.") and needed.split(".", 1)[1] in ACTIONS
+                named = needed if isinstance(needed, tuple) else (needed,)
+                assert all(
+                    part in (permissions.SIGNED_IN, permissions.ANYONE, permissions.OWN_RUN)
+                    or (part.startswith("governance.") and part.split(".", 1)[1] in ACTIONS)
+                    for part in named
                 ), (route, method, needed)
 
 
@@ -99,27 +102,80 @@ def test_a_method_a_view_does_not_declare_is_refused_before_anything_runs(client
 
 # --------------------------------------------------------------------------- the table
 
-# Each write and the permission it needs: the specification, written out here
-# by hand rather than read back from the views.
+# The specification, written out here by hand rather than read back from the
+# views: for each write, what an actor gets — "ok", 403 (it may see the thing
+# but lacks the permission) or 404 (someone else's, and it sees only its own).
+# "own" is the actor's own thread or run; "someone's" another user's.
+
+
+def holds(actor: str, codename: str) -> bool:
+    """What the actor's role (or its token's single scope) grants."""
+    if actor == "admin":
+        return True
+    if actor.startswith("scope:"):
+        return actor.split(":", 1)[1] == codename
+    if actor.startswith("role:"):
+        return codename in ROLES[actor.split(":", 1)[1]]
+    return False
+
+
+def as_owner(actor: str, codename: str) -> bool:
+    """A run's owner acts on it whatever its role, unless its token's scope
+    leaves the act out (R7.1: who asked stops their run; R7.2: their acks)."""
+    return not actor.startswith("scope:") or actor.split(":", 1)[1] == codename
+
+
+def needs(codename: str):
+    return lambda actor: "ok" if holds(actor, codename) else 403
+
+
+def on_someones(codename: str):
+    """The permission, checked first; then someone else's is a 404 unless the
+    actor sees everything."""
+
+    def expect(actor):
+        if not holds(actor, codename):
+            return 403
+        return "ok" if holds(actor, "see_all_runs") else 404
+
+    return expect
+
+
+def someones_run(codename: str | None):
+    """Someone else's run: a 404 unless the actor sees everything; then the
+    permission (None: nobody but the owner)."""
+
+    def expect(actor):
+        if not holds(actor, "see_all_runs"):
+            return 404
+        return "ok" if codename and holds(actor, codename) else 403
+
+    return expect
+
+
 API_WRITES = {
-    "create thread": "submit_run",
-    "submit run": "submit_run",
-    "force boundary": "apply_boundary",
-    "cancel run": "cancel_run",
-    "ack chunks": "submit_run",
-    "ack notification": "acknowledge_notification",
-    "add provider": "change_provider",
-    "change provider": "change_provider",
-    "add tool": "change_toolserver",
-    "change tool": "change_toolserver",
+    "create thread": needs("submit_run"),
+    "submit run on own thread": needs("submit_run"),
+    "submit run on someone's thread": on_someones("submit_run"),
+    "force boundary": needs("apply_boundary"),
+    "cancel own run": lambda actor: "ok" if as_owner(actor, "cancel_run") else 403,
+    "cancel someone's run": someones_run("cancel_run"),
+    "ack own run's chunks": lambda actor: "ok" if as_owner(actor, "submit_run") else 403,
+    "ack someone's run's chunks": someones_run(None),
+    "ack notification": needs("acknowledge_notification"),
+    "add provider": needs("change_provider"),
+    "change provider": needs("change_provider"),
+    "add tool": needs("change_toolserver"),
+    "change tool": needs("change_toolserver"),
 }
 PAGE_WRITES = {
-    "ack alert": "acknowledge_notification",
-    "force boundary": "apply_boundary",
-    "stop run": "cancel_run",
-    "provider prices": "change_provider",
-    "provider schedule": "change_provider",
-    "new token": None,  # any signed-in user: its own token, never wider than its role
+    "ack alert": needs("acknowledge_notification"),
+    "force boundary": needs("apply_boundary"),
+    "stop own run": lambda actor: "ok",
+    "stop someone's run": someones_run("cancel_run"),
+    "provider prices": needs("change_provider"),
+    "provider schedule": needs("change_provider"),
+    "new token": lambda actor: "ok",  # its own token, never wider than its role
 }
 API_ACTORS = [
     *(f"role:{role}" for role in ROLES),
@@ -131,9 +187,10 @@ PAGE_ACTORS = [*(f"role:{role}" for role in ROLES), "admin", "no role"]
 
 @dataclass
 class World:
-    user: object
-    thread: Thread
-    run: Run
+    thread: Thread  # the actor's
+    run: Run  # the actor's
+    their_thread: Thread  # someone else's
+    their_run: Run
     notification: Notification
 
 
@@ -152,36 +209,30 @@ def make_actor(django_user_model, actor: str):
     ApiToken.objects.create(
         user=user, name="actor", key_digest=token_digest("actor-token-1"), scopes=scopes
     )
-    return user, scopes
+    return user
 
 
-def actor_may(actor: str, codename: str | None) -> bool:
-    if codename is None or actor == "admin":
-        return True
-    if actor.startswith("scope:"):
-        return actor.split(":", 1)[1] == codename
-    if actor.startswith("role:"):
-        return codename in ROLES[actor.split(":", 1)[1]]
-    return False
-
-
-def make_world(user) -> World:
-    """The actor's own thread and run (ownership never decides here), a
-    notification on its segment, a provider and a registry tool."""
+def make_world(user, someone) -> World:
+    """A thread and a run of the actor's and of someone else's (each with a
+    committed chunk), a notification on the actor's segment, a provider and a
+    registry tool."""
     now = time_source.now()
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model", script={})
     ToolServer.objects.create(
         name="weather", kind="http", url="http://127.0.0.1:9/weather", method="GET",
         description="Weather", parameters={"type": "object"}, effect="read_only",
     )  # fmt: skip
-    thread = services.create_thread(provider_chain=["p"], title="t", user=user, now=now)
-    run, _stage, _ = services.submit_run(thread, input="hi", user=user, now=now)
-    services.commit_chunks(run, ["a"], now)
+    made = []
+    for owner in (user, someone):
+        thread = services.create_thread(provider_chain=["p"], title="t", user=owner, now=now)
+        run, _stage, _ = services.submit_run(thread, input="hi", user=owner, now=now)
+        services.commit_chunks(run, ["a"], now)
+        made += [thread, run]
     notification = Notification.objects.create(
         dedupe_key="n-1", severity="critical", text="frozen",
-        segment=services.open_segment(thread), created_at=now,
+        segment=services.open_segment(made[0]), created_at=now,
     )  # fmt: skip
-    return World(user, thread, run, notification)
+    return World(*made, notification)
 
 
 def written() -> tuple:
@@ -195,22 +246,32 @@ def written() -> tuple:
         sorted(Provider.objects.values_list("provider_id", "enabled", "updated_at", "currency")),
         sorted(ToolServer.objects.values_list("name", "enabled")),
         list(Notification.objects.values_list("acked_at", flat=True)),
-        list(Run.objects.values_list("cancel_requested_at", flat=True)),
-        list(BodyChunk.objects.values_list("observed_at", flat=True)),
+        sorted(Run.objects.values_list("id", "cancel_requested_at")),
+        sorted(BodyChunk.objects.values_list("id", "observed_at")),
     )
 
 
 def api_request(client, world: World, action: str):
-    t, r = world.thread.id, world.run.id
+    t, r, their_t, their_r = (
+        world.thread.id,
+        world.run.id,
+        world.their_thread.id,
+        world.their_run.id,
+    )
     calls = {
         "create thread": ("POST", "/api/v1/threads", {"provider_chain": ["p"]}),
-        "submit run": ("POST", f"/api/v1/threads/{t}/runs", {"input": "again"}),
+        "submit run on own thread": ("POST", f"/api/v1/threads/{t}/runs", {"input": "again"}),
+        "submit run on someone's thread": (
+            "POST", f"/api/v1/threads/{their_t}/runs", {"input": "again"},
+        ),
         "force boundary": (
             "POST", f"/api/v1/threads/{t}/boundaries",
             {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-table"},
         ),
-        "cancel run": ("POST", f"/api/v1/runs/{r}/cancel", None),
-        "ack chunks": ("POST", f"/api/v1/runs/{r}/acks", {"through": 1}),
+        "cancel own run": ("POST", f"/api/v1/runs/{r}/cancel", None),
+        "cancel someone's run": ("POST", f"/api/v1/runs/{their_r}/cancel", None),
+        "ack own run's chunks": ("POST", f"/api/v1/runs/{r}/acks", {"through": 1}),
+        "ack someone's run's chunks": ("POST", f"/api/v1/runs/{their_r}/acks", {"through": 1}),
         "ack notification": ("POST", f"/api/v1/notifications/{world.notification.id}/ack", None),
         "add provider": (
             "POST", "/api/v1/providers",
@@ -239,7 +300,8 @@ def page_request(client, world: World, action: str):
             f"/segments/{segment.id}/boundary",
             {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-page"},
         ),
-        "stop run": (f"/runs/{world.run.id}/stop", {}),
+        "stop own run": (f"/runs/{world.run.id}/stop", {}),
+        "stop someone's run": (f"/runs/{world.their_run.id}/stop", {}),
         "provider prices": (
             "/providers/p/prices",
             {"prices-p-price_input_per_mtok": "1", "prices-p-price_output_per_mtok": "2",
@@ -256,37 +318,36 @@ def page_request(client, world: World, action: str):
     return client.post(path, data)
 
 
-@pytest.mark.parametrize("actor", API_ACTORS)
-@pytest.mark.parametrize("action", list(API_WRITES))
-def test_api_writes_by_role_and_scope(client, django_user_model, actor, action):
-    user, _scopes = make_actor(django_user_model, actor)
-    world = make_world(user)
-    before = written()
-    response = api_request(client, world, action)
-    if actor_may(actor, API_WRITES[action]):
-        assert response.status_code < 300, response.content[:300]
+def check(response, expected, before) -> None:
+    if expected == "ok":
+        assert response.status_code in (200, 201, 202, 302), response.content[:300]
         assert written() != before
     else:
-        assert response.status_code == 403, response.content[:300]
-        message = response.json()["error"]["message"]
-        assert API_WRITES[action] in message
+        assert response.status_code == expected, response.content[:300]
         assert written() == before
+
+
+@pytest.mark.parametrize("actor", API_ACTORS)
+@pytest.mark.parametrize("action", list(API_WRITES))
+def test_api_writes_by_role_and_scope(client, django_user_model, make_user, actor, action):
+    world = make_world(make_actor(django_user_model, actor), make_user("someone", "agent-client"))
+    before = written()
+    response = api_request(client, world, action)
+    check(response, API_WRITES[action](actor), before)
+    if response.status_code == 403:
+        assert "permission" in (message := response.json()["error"]["message"]) or (
+            "owner" in message
+        )
 
 
 @pytest.mark.parametrize("actor", PAGE_ACTORS)
 @pytest.mark.parametrize("action", list(PAGE_WRITES))
-def test_dashboard_writes_by_role(client, django_user_model, actor, action):
-    user, _scopes = make_actor(django_user_model, actor)
-    world = make_world(user)
+def test_dashboard_writes_by_role(client, django_user_model, make_user, actor, action):
+    user = make_actor(django_user_model, actor)
+    world = make_world(user, make_user("someone", "agent-client"))
     client.force_login(user)
     before = written()
-    response = page_request(client, world, action)
-    if actor_may(actor, PAGE_WRITES[action]):
-        assert response.status_code in (200, 202, 302), response.content[:300]
-        assert written() != before
-    else:
-        assert response.status_code == 403, response.content[:300]
-        assert written() == before
+    check(page_request(client, world, action), PAGE_WRITES[action](actor), before)
 
 
 # --------------------------------------------------------------------------- ownership
