@@ -28,10 +28,14 @@ def watch(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     """/runs/{id}/watch — the end-user page: streams the answer, Stop, acks."""
     run = _visible_run(request, run_id)
     settlement = Settlement.objects.filter(run=run).first()
-    can_stop = permissions.may_stop(request.user, run)
-    return render(
-        request, "watch.html", {"run": run, "settlement": settlement, "can_stop": can_stop}
-    )
+    context = {
+        "run": run,
+        "settlement": settlement,
+        "can_stop": permissions.may_stop(request.user, run),
+        # R7.2: only the run's owner's page acknowledges; anyone else is an onlooker.
+        "records_delivery": permissions.records_delivery(request.user, run.owner_id),
+    }
+    return render(request, "watch.html", context)
 
 
 @login_required

@@ -32,7 +32,8 @@
   }
 
   function sendAck() {
-    if (ackInFlight || contiguous <= acked) return;
+    // An onlooker's page has no acks address: only the run's owner acknowledges (R7.2).
+    if (!root.dataset.acks || ackInFlight || contiguous <= acked) return;
     var through = contiguous;
     ackInFlight = true;
     fetch(root.dataset.acks, {
@@ -44,6 +45,8 @@
       if (r.ok) {
         acked = Math.max(acked, through);
         document.getElementById("acked").textContent = String(acked);
+      } else if (r.status >= 400 && r.status < 500) {
+        delete root.dataset.acks;  // refused, not lost: asking again changes nothing
       }
     }).catch(function () { /* offline: the next render or reconnect retries */ })
       .finally(function () {

@@ -132,3 +132,29 @@ def test_r7_1_stop_button_settles_cancelled_and_keeps_committed_chunks(
     assert run.cancel_requested_by == outsider.username
     assert committed_body(run) == "Partial answer, still going"
     assert page.locator("#answer").text_content() == "Partial answer, still going"
+
+
+def test_r7_2_an_operator_watching_a_clients_run_is_an_onlooker(
+    page_for, operator, run, shots, live_server
+):
+    """The answer streams to staff too, but nothing they see is the client's
+    evidence: no chunk becomes sent or observed, no viewer is recorded, and
+    the page asks no acks (it would be refused, not retried)."""
+    services.commit_chunks(run, ["Seen by staff, ", "not by the client"], time_source.now())
+    page = page_for(operator.username)
+    acks = []
+    page.on("request", lambda request: acks.append(request.url) if "/acks" in request.url else None)
+    page.goto(f"{live_server.url}/runs/{run.id}/watch")
+    page.locator("#answer", has_text="not by the client").wait_for()
+    assert "someone else's run" in page.locator("#onlooker").inner_text()
+    shots(page, "onlooker")
+    # The page counts the parts it renders, and an owner's page asks its ack in
+    # that same step: a quiet moment after the count shows no ack was asked.
+    page.locator("#chunk-count", has_text="2").wait_for()
+    page.wait_for_timeout(500)
+    assert acks == []
+    assert not RunViewer.objects.filter(run=run).exists()
+    assert list(BodyChunk.objects.filter(run=run).values_list("sent_at", "observed_at")) == [
+        (None, None),
+        (None, None),
+    ]
