@@ -182,6 +182,10 @@ SILENCED_SYSTEM_CHECKS = ["security.W021"] if not SECURE_HSTS_PRELOAD else []
 # --- Celery (the CELERY_ namespace is read by tasks/celery.py) ---
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
 CELERY_BROKER_TRANSPORT = None
+# The lanes of every queue (the Redis transport's options below): new work, and
+# work sent again after a worker or the broker lost it (R6.6).
+CELERY_TASK_DEFAULT_PRIORITY = 5
+GOVERNANCE_RECOVERY_PRIORITY = 0
 if CELERY_BROKER_URL == "filesystem://":
     # Kombu's file-system transport, making its folders when a channel opens.
     CELERY_BROKER_TRANSPORT = "dashboard.site.embedded:FilesystemTransport"
@@ -204,7 +208,16 @@ else:
     # after its visibility timeout (an hour), long after the sweeps. A task
     # whose pool process dies is still sent again at once (reject on worker
     # lost), and a warm shutdown still gives back what it took.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
+    # Two lanes per queue, kombu's Redis priorities (the lane of priority 0 is
+    # taken first, from every queue, before the other lane of any): re-sent work
+    # (GOVERNANCE_RECOVERY_PRIORITY) goes ahead of new work
+    # (CELERY_TASK_DEFAULT_PRIORITY). In Redis the first lane is the list named
+    # like the queue, the second the name with ":5".
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "ack_emulation": False,
+        "priority_steps": [GOVERNANCE_RECOVERY_PRIORITY, CELERY_TASK_DEFAULT_PRIORITY],
+        "sep": ":",
+    }
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND") or REDIS_URL or None
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
 CELERY_RESULT_EXPIRES = 3600

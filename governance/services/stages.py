@@ -232,7 +232,7 @@ def give_up_claim(stage: Stage, now: datetime) -> None:
             if Stage.objects.filter(
                 id=stage.id, holder=stage.holder, finished_at__isnull=True
             ).update(lease_until=now):
-                publish([stage])
+                publish([stage], ahead=True)  # sent again: ahead of new work (R6.6)
     except DatabaseError:
         log.warning("stage %s: the database is still away; its lease will run out", stage.id)
 

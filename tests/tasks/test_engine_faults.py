@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from governance import services
 from governance.models import Run, RunEvent, Stage, Thread
+from governance.services.broker import lane_keys
 from tasks.celery import app as celery_app
 from tasks.stages import run_stage, watchdog_pass
 from tests.tasks.conftest import sent_stages
@@ -67,7 +68,7 @@ def test_broker_back_the_watchdog_resends_a_lost_stage_once(
     thread, manual_clock, broker_queue, settings
 ):
     run, stage, _ = services.submit_run(thread, input="Hello", now=manual_clock())
-    broker_queue.delete("turns")  # the publish was lost (a flushed broker)
+    broker_queue.delete(*lane_keys("turns"))  # the publish was lost (a flushed broker)
     manual_clock.advance(seconds=settings.GOVERNANCE_STAGE_RESEND_AFTER_SECONDS - 1)
     assert watchdog_pass()["republished"] == 0  # maybe still queued: not yet
     manual_clock.advance(seconds=2)
