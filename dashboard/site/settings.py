@@ -350,8 +350,12 @@ GOVERNANCE_CALLBACK_LEASE_SECONDS = env_int("GOVERNANCE_CALLBACK_LEASE_SECONDS",
 # budget); a holder that stops renewing is taken over once the lease ends, and
 # at once when its process is known to be gone.
 GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 30, minimum=3)
-# A stage never claimed this long after it was queued lost its message (the
-# broker was down or flushed): the watchdog sends it again.
+# The last resort (R6.6): a stage never claimed this long after it was due is
+# sent again by the watchdog (ahead of new work if the broker is seen without
+# its message; not at all if the message still waits there). A dead holder or
+# a broker that lost its messages is noticed, and its stages sent again, at
+# once; this timer is for a loss nobody could see (a send that failed while
+# the broker kept everything else).
 GOVERNANCE_STAGE_RESEND_AFTER_SECONDS = env_int(
     "GOVERNANCE_STAGE_RESEND_AFTER_SECONDS", 120, minimum=1
 )

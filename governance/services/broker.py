@@ -9,13 +9,18 @@ long the queue has kept work waiting (``queue_states``).
 
 Each queue has two lanes (R6.6): work sent again after a worker died under it
 or the broker lost it (``ahead``) is taken before any new work, so it never
-waits behind a backlog.
+waits behind a backlog. The broker is a prompt, not the record: when it may
+have lost messages (``broker_lost_messages``), the stages whose messages it
+no longer holds (``queued_stage_ids``) are sent again from their rows.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
+import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +32,8 @@ from governance import time_source
 
 if TYPE_CHECKING:
     from governance.models import Stage
+
+log = logging.getLogger(__name__)
 
 SENT_AT_HEADER = "governance_sent_at"
 # Model turns and the finalization wait behind each other; tool calls and
@@ -92,9 +99,9 @@ def publish(
     the queue's first lane, before new work (a stage sent again, R6.6).
 
     The broker is not part of the commit: a failed send is logged and the
-    stage stays queued in the database, where the watchdog's sweep finds it
-    (``GOVERNANCE_STAGE_RESEND_AFTER_SECONDS``). The task is reached by name,
-    so governance never imports the execution layer.
+    stage stays queued in the database, where the watchdog finds it once the
+    broker is back. The task is reached by name, so governance never imports
+    the execution layer.
     """
     for ref in stages:
         stage_id, kind = ref if isinstance(ref, tuple) else (ref.id, ref.kind)
@@ -162,6 +169,64 @@ def _sent_at(raw: bytes | None) -> float | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         return None  # a message from elsewhere (beat sends without the header)
     return float(value) if isinstance(value, int | float) else None
+
+
+# Set in the broker's own database without an expiry: a broker that comes
+# back without it lost everything it held (restarted without persistence,
+# flushed), the messages with it.
+BROKER_EPOCH_KEY = "governance:broker-epoch"
+
+
+def broker_lost_messages() -> bool | None:
+    """R6.6: whether the broker lost the messages it held since this was last
+    asked (or ever: the first answer is yes). ``None``: it cannot tell (not
+    Redis) or cannot be reached; ask again on the next pass."""
+    client = _redis()
+    if client is None:
+        return None
+    try:
+        return bool(client.set(BROKER_EPOCH_KEY, uuid.uuid4().hex, nx=True))
+    except Exception as exc:  # the broker is down: nothing is known yet
+        log.warning("broker: cannot tell whether it lost messages: %s", exc)
+        return None
+
+
+def queued_stage_ids() -> set[int] | None:
+    """The stages whose messages wait in the broker's stage queues now (both
+    lanes), or ``None`` when the broker cannot tell (not Redis, unreachable).
+    A message a worker has taken is no longer here: it is claimed, or about to
+    be (or lost with that worker)."""
+    client = _redis()
+    if client is None:
+        return None
+    keys = [key for queue in sorted(set(STAGE_QUEUES.values())) for key in lane_keys(queue)]
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lrange(key, 0, -1)
+            answers = pipe.execute()
+    except Exception as exc:
+        log.warning("broker: cannot read the stage queues: %s", exc)
+        return None
+    found = set()
+    for raw in (message for messages in answers for message in messages):
+        stage_id = _stage_of(raw)
+        if stage_id is not None:
+            found.add(stage_id)
+    return found
+
+
+def _stage_of(raw: bytes) -> int | None:
+    """The stage id a stage message carries (Celery's message protocol 2: the
+    body is ``[args, kwargs, embed]``, base64-encoded), else None."""
+    try:
+        message = json.loads(raw)
+        if message["headers"].get("task") != STAGE_TASK:
+            return None
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return int(args[0])
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
 
 
 _client: Any = None

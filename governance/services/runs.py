@@ -213,14 +213,23 @@ def _admitted_before(thread: Thread, idempotency_key: str | None) -> Run | None:
 
 
 def enqueue_stage(
-    run: Run, kind: str, payload: StagePayload, now: datetime, *, seq: int | None = None
+    run: Run,
+    kind: str,
+    payload: StagePayload,
+    now: datetime,
+    *,
+    seq: int | None = None,
+    delay_s: float = 0.0,
 ) -> Stage:
-    """A new stage row, queued at ``now`` (its queue clock starts here, R6.1)."""
+    """A new stage row, queued at ``now`` (its queue clock starts here, R6.1);
+    ``delay_s``: its message waits that long (kept as ``due_at``, so a message
+    sent again after a loss keeps the delay)."""
     if seq is None:
         seq = (run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
     return Stage.objects.create(
-        run=run, seq=seq, kind=kind, payload=payload.to_json(), enqueued_at=now
-    )
+        run=run, seq=seq, kind=kind, payload=payload.to_json(), enqueued_at=now,
+        due_at=now + timedelta(seconds=delay_s) if delay_s > 0 else None,
+    )  # fmt: skip
 
 
 def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:

@@ -12,7 +12,7 @@ from celery.contrib.testing.worker import start_worker
 
 from governance import time_source
 from governance.models import ApiToken, Provider, Run
-from governance.services.broker import lane_keys
+from governance.services.broker import BROKER_EPOCH_KEY, lane_keys
 from governance.services.tokens import token_digest
 from tasks import celery_app
 from tests.conftest import requires_services
@@ -124,10 +124,12 @@ def every_queue_key(settings) -> list[str]:
 
 @pytest.fixture
 def broker_queue(settings):
-    """The real broker's Redis, its queues empty."""
+    """The real broker's Redis, its queues empty, and known not to have lost
+    anything (a test that flushes it deletes ``BROKER_EPOCH_KEY`` too)."""
     import redis
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     client.delete(*every_queue_key(settings))
+    client.set(BROKER_EPOCH_KEY, "tests")
     yield client
     client.delete(*every_queue_key(settings))
