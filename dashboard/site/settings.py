@@ -206,8 +206,10 @@ else:
     # copy of a taken message in Redis (ack emulation off): that copy cost a
     # Redis round trip before every task and one after it, and came back only
     # after its visibility timeout (an hour), long after the sweeps. A task
-    # whose pool process dies is still sent again at once (reject on worker
-    # lost), and a warm shutdown still gives back what it took.
+    # whose pool process dies is still sent again at once (the worker's parent
+    # sees it die: tasks/stages/lost_process.py, else reject on worker lost),
+    # and a warm shutdown still gives back what it took. Stages whose messages
+    # the broker lost are found when it is seen back (tasks/stages/watchdog.py).
     # Two lanes per queue, kombu's Redis priorities (the lane of priority 0 is
     # taken first, from every queue, before the other lane of any): re-sent work
     # (GOVERNANCE_RECOVERY_PRIORITY) goes ahead of new work
@@ -223,6 +225,9 @@ CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A worker takes one message per free pool process and no more (acks are late,
+# so a running task holds its slot): at most one message a process has not
+# started is at risk when it dies, and Celery's pool hands that one to another.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fixup closes the worker's connection pool around each task
 # unless told to reuse it: once per this many tasks instead (tasks/celery.py

@@ -67,6 +67,11 @@ class HolderId:
     def __str__(self) -> str:
         return f"{self.host}/{self.pid_namespace}/{self.pid}/{self.token}"
 
+    @property
+    def process(self) -> str:
+        """The process without the claim's token: "host/pid-namespace/pid"."""
+        return f"{self.host}/{self.pid_namespace}/{self.pid}"
+
 
 def parse_holder(holder: str) -> HolderId | None:
     parts = holder.split("/")
@@ -78,6 +83,30 @@ def parse_holder(holder: str) -> HolderId | None:
 def may_probe_process(holder: HolderId, *, host: str, pid_namespace: str) -> bool:
     """Whether asking the OS about the holder's pid tells anything true."""
     return holder.host == host and holder.pid_namespace == pid_namespace
+
+
+@dataclass(frozen=True)
+class LostProcess:
+    """A worker process its parent saw die ("host/pid-namespace/pid"), and when:
+    what the parent says when it sends the stage that process ran again."""
+
+    process: str
+    lost_at: datetime
+
+
+def held_by_lost_process(holder: str, claimed_at: datetime | None, lost: LostProcess) -> bool:
+    """R6.6: the holder's process is known gone because its parent saw it die —
+    a claim that process made before it died (a later claim by a new process
+    that got the same pid is not that one). Any worker, on any host, may take
+    the stage over at once on this word; without it, only one on the holder's
+    own host can tell, by asking the OS."""
+    parsed = parse_holder(holder)
+    return (
+        parsed is not None
+        and parsed.process == lost.process
+        and claimed_at is not None
+        and claimed_at <= lost.lost_at
+    )
 
 
 def turn_in_flight(lease_until: datetime | None, now: datetime) -> bool:

@@ -114,7 +114,9 @@ class StageStart:
     gather_error: Exception | None = None  # reading the facts failed: a local failure
 
 
-def start_stage(stage_id: int, now: datetime) -> StageStart | None:
+def start_stage(
+    stage_id: int, now: datetime, *, lost: claim_rules.LostProcess | None = None
+) -> StageStart | None:
     """Claim a stage (``claim_stage``) and read what it needs, in one transaction.
 
     One model turn at a time per thread (``rules.claims.turn_may_start``): a
@@ -127,24 +129,27 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
     claim's writes, the gate's question, the turn's reads and the ledger's lock
     share one round trip after the claim's read (pipeline mode), where the ORM
     built each statement's SQL anew: about 0.5 ms of CPU a statement, most of a
-    stage's cost then (docs/performance.md).
+    stage's cost then (docs/performance.md). ``lost``: the message says the
+    process that held the stage died (its worker's parent saw it).
     """
     try:
         with transaction.atomic():
-            return _claim_and_gather(stage_id, now)
+            return _claim_and_gather(stage_id, now, lost)
     except Exception as exc:  # the claim rolled back with the gather: claim alone
         log.exception("stage %s: reading its facts failed", stage_id)
         with transaction.atomic():
-            stage = claim_stage(stage_id, now, lease=lease())
+            stage = claim_stage(stage_id, now, lease=lease(), lost=lost)
         return None if stage is None else StageStart(stage, gather_error=exc)
 
 
-def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
+def _claim_and_gather(
+    stage_id: int, now: datetime, lost: claim_rules.LostProcess | None
+) -> StageStart | None:
     # On PostgreSQL the claim's writes, the gate's question and the turn's reads
     # go in one round trip after the claim's read (statements.together): the
     # block's end, after which their answers are read.
     with sql.together():
-        stage = claim_stage(stage_id, now, lease=lease())
+        stage = claim_stage(stage_id, now, lease=lease(), lost=lost)
         if stage is None:
             return None
         run = stage.run

@@ -11,9 +11,11 @@ from governance.rules.claims import (
     ClaimFacts,
     ClaimVerdict,
     HolderId,
+    LostProcess,
     OpenStageFacts,
     Resend,
     claim_verdict,
+    held_by_lost_process,
     holds_live,
     may_probe_process,
     message_expected,
@@ -150,6 +152,25 @@ def test_r6_6_a_delayed_stage_is_timed_from_when_it_was_due_and_keeps_its_delay(
     assert needs_resend(waiting, later, resend_after=AFTER) is Resend.NEVER_CLAIMED
     assert resend_delay(waiting, later) == 0.0
     assert resend_delay(stage(), NOW) == 0.0
+
+
+def test_r6_6_a_process_its_parent_saw_die_is_gone_on_any_host():
+    """The worker's parent saw its pool process die and says so in the message it
+    sends again: a claim that process made before it died is taken over at once,
+    wherever the delivery lands; a later claim by a new process with the same
+    pid, another process, or another host's is not."""
+    holder = parse_holder(HOLDER)
+    claimed = NOW - timedelta(seconds=2)
+    lost = LostProcess(holder.process, NOW)
+    assert holder.process == "box/pid:[4026531836]/4242"
+    assert held_by_lost_process(HOLDER, claimed, lost)
+    assert not held_by_lost_process(HOLDER, NOW + timedelta(seconds=1), lost)  # pid reused
+    assert not held_by_lost_process(HOLDER, None, lost)
+    assert not held_by_lost_process("box/pid:[4026531836]/4243/ab12", claimed, lost)
+    assert not held_by_lost_process("other/pid:[4026531836]/4242/ab12", claimed, lost)
+    assert not held_by_lost_process("", claimed, lost)
+    reported = ClaimFacts(finished=False, holder=HOLDER, lease_until=LIVE, holder_gone=True)
+    assert claim_verdict(reported, NOW) is ClaimVerdict.TAKE_OVER
 
 
 def test_r6_6_a_waiting_turn_is_resent_only_when_its_wake_up_was_lost():

@@ -6,7 +6,9 @@ stopped.)"""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -15,8 +17,10 @@ import pytest
 
 from governance import services
 from governance.models import Run, Stage, Thread
+from governance.rules.claims import LostProcess
 from governance.services.broker import BROKER_EPOCH_KEY, lane_keys, publish
 from tasks.stages import run_stage
+from tasks.stages.lost_process import lost_from, send_again
 from tasks.stages.watchdog import lost_messages_pass, watchdog_pass
 from tests.tasks.conftest import sent_stages
 
@@ -121,6 +125,44 @@ def test_r6_6_a_holder_gone_from_this_host_is_noticed_by_the_next_pass(
     assert Stage.objects.get(id=stage.id).deliveries == 2
 
 
+def test_r6_6_a_dead_pool_process_is_named_by_its_parent_and_taken_over_on_any_host(
+    threads, manual_clock, broker_queue
+):
+    """The worker's parent saw its pool process die: it sends the stage again
+    ahead of new work, naming the process and when it died. The delivery takes
+    over that process's claim at once even where the OS cannot tell (another
+    host), and only that process's claim."""
+    (thread,) = threads(1)
+    stage = _submit(thread, manual_clock)
+    broker_queue.delete(*lane_keys("turns"))
+    held = services.claim_stage(stage.id, manual_clock(), lease=timedelta(seconds=30))
+    _host, namespace, _pid, token = held.holder.split("/")
+    elsewhere = f"elsewhere/{namespace}/4242"
+    Stage.objects.filter(id=stage.id).update(holder=f"{elsewhere}/{token}")
+    assert run_stage(stage.id) == "already handled"  # its lease runs; this host cannot tell
+    other = LostProcess(f"elsewhere/{namespace}/4243", manual_clock())
+    assert run_stage(stage.id, lost=other) == "already handled"  # another process died
+    assert run_stage(stage.id, lost=LostProcess(elsewhere, manual_clock())) == "accepted"
+    assert Stage.objects.get(id=stage.id).deliveries == 2
+
+
+def test_r6_6_the_parent_sends_the_stage_again_ahead_naming_the_process(
+    threads, manual_clock, broker_queue
+):
+    (thread,) = threads(1)
+    stage = _submit(thread, manual_clock)
+    broker_queue.delete(*lane_keys("turns"))
+    send_again([stage.id], "turns", 4242)
+    [message] = _messages(broker_queue, lane_keys("turns")[0])
+    assert message["properties"]["priority"] == 0
+    args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert args == [stage.id]
+    lost = lost_from(**kwargs)
+    host, namespace = services.new_holder().split("/")[:2]
+    assert lost == LostProcess(f"{host}/{namespace}/4242", manual_clock())
+    assert lost_from("", "") is None and lost_from("h/n/1", "not a time") is None
+
+
 def test_r6_6_a_lost_delayed_stage_keeps_what_is_left_of_its_delay(
     threads, manual_clock, broker_queue
 ):
@@ -161,3 +203,12 @@ def test_r6_6_a_worker_connecting_to_the_broker_asks_for_the_lost_messages_pass(
     BrokerConnected(parent=None).start(parent=None)
     [message] = _messages(broker_queue, lane_keys("maintenance")[0])
     assert message["headers"]["task"] == LOST_MESSAGES_TASK
+
+
+def test_r6_6_a_pool_process_lost_under_a_task_is_the_pid_in_its_holder(threads, manual_clock):
+    """The name the parent gives is the one the claim wrote (host/namespace/pid)."""
+    (thread,) = threads(1)
+    stage = _submit(thread, manual_clock)
+    held = services.claim_stage(stage.id, manual_clock(), lease=timedelta(seconds=30))
+    lost = services.lost_process(os.getpid(), manual_clock())
+    assert held.holder.startswith(lost.process + "/")
