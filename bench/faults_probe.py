@@ -89,8 +89,8 @@ FLUSH_TO_STOP_S = 3.0
 KILL_MIN_AGE_S = 0.2  # a stage held this long is inside its provider or tool call
 RERUN_GIVE_UP_S = 300.0
 
-# The production defaults of the clocks the harness shortens for its tests
-# (dashboard/site/settings.py); the probe puts them back.
+# The production defaults of the clocks (dashboard/site/settings.py), set
+# explicitly so the report names them (the harness uses the defaults too).
 PRODUCTION_CLOCKS = {
     "GOVERNANCE_STAGE_LEASE_SECONDS": "30",
     "GOVERNANCE_WATCHDOG_SECONDS": "15",
@@ -125,6 +125,7 @@ OLD = {
     "outage_non2xx": "≥ 1 (a 500)",
     "healthz_outage": "500",
     "kill_rerun": None,
+    "return_settled": "126 s (a probe of 60 runs with 4 kills)",
     "settle": "p90 ≈ 590 s, max 721 s",
 }
 
@@ -231,6 +232,7 @@ class Probe:
         # Submit answers other than 2xx: (phase, status) → [how many, first body].
         self.refusals: dict[tuple[str, str], list] = {}
         self.phase_notes: dict[str, dict[str, Any]] = {}
+        self.broker_back_at: float | None = None  # when Redis came back (wall clock)
         self.pool = ThreadPoolExecutor(max_workers=max(8, args.threads + 12))
         self.monitor = threading.Thread(
             target=self._watch_reruns, name="rerun-monitor", daemon=True
@@ -417,8 +419,7 @@ class Probe:
         if stage is None:
             return None
         try:
-            with contextlib.closing(self.system.redis.client()) as client:
-                queued = client.llen("celery")
+            queued = self.system.queued_stage_messages()
         except Exception as exc:  # context only
             queued = type(exc).__name__
         killed_at = time.monotonic()
@@ -680,6 +681,7 @@ class Probe:
             time.sleep(max(0.0, 1.0 - (time.monotonic() - stopped_at) % 1.0))
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped_at)))
         self.system.redis.start()
+        self.broker_back_at = time.time()  # wall clock: compared with settled_at
         outage_s = time.monotonic() - stopped_at
         alive = {name: p.alive() for name, p in self.system.processes.items()}
         for future in outage:
@@ -764,6 +766,20 @@ class Probe:
         ]
         never_rerun = [s for k in self.kills for s in k["stages"] if s["how"] in (None, "never")]
         health = self.phase_notes.get("redis", {}).get("healthz", [])
+        # Redis back → the last run of phase 3 (queued at the flush, or
+        # submitted during the outage) settled; None while one never did.
+        phase3 = [e["run_id"] for e in entries if e["run_id"] and e["phase"] in ("redis", "outage")]
+        last_settled, unsettled = system.sql(
+            "SELECT extract(epoch FROM max(s.settled_at)), count(*) FILTER (WHERE s.id IS NULL) "
+            "FROM governance_run r LEFT JOIN governance_settlement s ON s.run_id = r.id "
+            "WHERE r.id::text = ANY(%s)",
+            phase3,
+        )[0]
+        return_settled = (
+            float(last_settled) - self.broker_back_at
+            if self.broker_back_at is not None and last_settled is not None and not unsettled
+            else None
+        )
         return {
             "intended": len(entries),
             "submitted": len(ids),
@@ -793,6 +809,7 @@ class Probe:
             "kills_hitting_nothing": sum(1 for k in self.kills if not k["stages"]),
             "kill_kinds": Counter(s["kind"] for k in self.kills for s in k["stages"]),
             "reruns": reruns,
+            "return_settled_s": return_settled,
             "never_rerun": never_rerun,
             "settle_s": settle_s,
             "queue_wait_by_phase": {
@@ -952,6 +969,12 @@ def print_report(probe: Probe, f: dict[str, Any]) -> None:
             f"{fmt_s(min(reruns) if reruns else None)} / {fmt_s(pct(reruns, 50))} / "
             f"{fmt_s(max(reruns) if reruns else None)} ({len(reruns)} stages, "
             f"{len(f['never_rerun'])} never)",
+            "≤ 60 s",
+        ),
+        (
+            "Redis back → last run of the outage phase settled",
+            OLD["return_settled"],
+            fmt_s(f["return_settled_s"]) if f["return_settled_s"] is not None else "never",
             "≤ 60 s",
         ),
         (

@@ -344,6 +344,9 @@ class Stage(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     # Waiting behind the thread's turn in flight; woken by that turn's close.
     parked_at = models.DateTimeField(null=True, blank=True)
+    # Its message was sent with a delay (a recovery wait, a verification delay):
+    # not due before then. A message sent again keeps what is left of the delay.
+    due_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "seq"]

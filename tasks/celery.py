@@ -6,9 +6,10 @@ run more than once; every task must be idempotent on redelivery.
 
 from __future__ import annotations
 
+import logging
 import os
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import beat_init, task_postrun, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.site.settings")
@@ -23,6 +24,32 @@ app.conf.include = [
     "tasks.alerts",
     "tasks.registry_tools",
 ]
+
+
+log = logging.getLogger(__name__)
+
+
+class BrokerConnected(bootsteps.StartStopStep):
+    """Each time this worker's consumer connects to the broker — when it starts
+    and after every outage — it asks for a pass over the stages whose messages
+    the broker may have lost (R6.6; ``tasks.jobs.resend_lost_messages``), ahead
+    of new work: what this worker had taken went with its old connection (or
+    with its predecessor, if that one died), and sends failed while the broker
+    was away. Noticing the return, not a timer, sends them again."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, parent) -> None:
+        from governance.services.broker import send_by_name
+        from tasks.jobs import LOST_MESSAGES_TASK
+
+        try:
+            send_by_name(LOST_MESSAGES_TASK, [], ahead=True)
+        except Exception as exc:  # the broker went again: its next return asks again
+            log.warning("broker connected, but the lost-messages pass was not sent: %s", exc)
+
+
+app.steps["consumer"].add(BrokerConnected)
 
 
 @worker_process_init.connect

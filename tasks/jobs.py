@@ -45,6 +45,20 @@ def clock_watchdog() -> dict[str, int]:
     return watchdog_pass()
 
 
+LOST_MESSAGES_TASK = "tasks.jobs.resend_lost_messages"
+
+
+@shared_task(name=LOST_MESSAGES_TASK, ignore_result=True)
+def resend_lost_messages() -> int:
+    """R6.6: sent by a worker whose connection to the broker was (re)made: the
+    stages whose messages the broker no longer holds are sent again, ahead of
+    new work (what that worker had taken died with its old connection, and
+    sends failed while the broker was away)."""
+    from tasks.stages.watchdog import lost_messages_pass
+
+    return lost_messages_pass()
+
+
 @shared_task(name="tasks.jobs.judge_deliveries", ignore_result=True)
 def judge_deliveries() -> int:
     """R7.4: the delivery of every run settled, or whose chunks, callback or

@@ -7,9 +7,9 @@ its connection's client gone and raises ``AttributeError`` while building a
 new Redis pool — not a connection error — so Celery's handler, which ignores
 connection errors on this path, lets it kill the worker (seen once in
 tests/faults/test_redis_outage.py). Here that state is a connection error:
-the close is ignored as Celery intends, the worker reconnects, and the
-watchdog sends the stages of messages the worker had taken again (R6.6:
-the broker is a prompt, the database the record; dashboard/site/settings.py).
+the close is ignored as Celery intends, the worker reconnects, and asks for
+the stages of messages the broker no longer holds to be sent again (R6.6:
+the broker is a prompt, the database the record; tasks/celery.py).
 
 It overrides a private method of kombu's channel (``_connparams``, kombu 5.x;
 pyproject.toml keeps kombu below 6). It can go when kombu raises a connection

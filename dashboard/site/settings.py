@@ -205,6 +205,10 @@ API_CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": [NONE], "frame-ance
 # --- Celery (the CELERY_ namespace is read by tasks/celery.py) ---
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
 CELERY_BROKER_TRANSPORT = None
+# The lanes of every queue (the Redis transport's options below): new work, and
+# work sent again after a worker or the broker lost it (R6.6).
+CELERY_TASK_DEFAULT_PRIORITY = 5
+GOVERNANCE_RECOVERY_PRIORITY = 0
 if CELERY_BROKER_URL == "filesystem://":
     # Kombu's file-system transport, making its folders when a channel opens.
     CELERY_BROKER_TRANSPORT = "dashboard.site.embedded:FilesystemTransport"
@@ -225,14 +229,28 @@ else:
     # copy of a taken message in Redis (ack emulation off): that copy cost a
     # Redis round trip before every task and one after it, and came back only
     # after its visibility timeout (an hour), long after the sweeps. A task
-    # whose pool process dies is still sent again at once (reject on worker
-    # lost), and a warm shutdown still gives back what it took.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
+    # whose pool process dies is still sent again at once (the worker's parent
+    # sees it die: tasks/stages/lost_process.py, else reject on worker lost),
+    # and a warm shutdown still gives back what it took. Stages whose messages
+    # the broker lost are found when it is seen back (tasks/stages/watchdog.py).
+    # Two lanes per queue, kombu's Redis priorities (the lane of priority 0 is
+    # taken first, from every queue, before the other lane of any): re-sent work
+    # (GOVERNANCE_RECOVERY_PRIORITY) goes ahead of new work
+    # (CELERY_TASK_DEFAULT_PRIORITY). In Redis the first lane is the list named
+    # like the queue, the second the name with ":5".
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "ack_emulation": False,
+        "priority_steps": [GOVERNANCE_RECOVERY_PRIORITY, CELERY_TASK_DEFAULT_PRIORITY],
+        "sep": ":",
+    }
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND") or REDIS_URL or None
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A worker takes one message per free pool process and no more (acks are late,
+# so a running task holds its slot): at most one message a process has not
+# started is at risk when it dies, and Celery's pool hands that one to another.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fixup closes the worker's connection pool around each task
 # unless told to reuse it: once per this many tasks instead (tasks/celery.py
@@ -360,8 +378,12 @@ GOVERNANCE_CALLBACK_LEASE_SECONDS = env_int("GOVERNANCE_CALLBACK_LEASE_SECONDS",
 # budget); a holder that stops renewing is taken over once the lease ends, and
 # at once when its process is known to be gone.
 GOVERNANCE_STAGE_LEASE_SECONDS = env_int("GOVERNANCE_STAGE_LEASE_SECONDS", 30, minimum=3)
-# A stage never claimed this long after it was queued lost its message (the
-# broker was down or flushed): the watchdog sends it again.
+# The last resort (R6.6): a stage never claimed this long after it was due is
+# sent again by the watchdog (ahead of new work if the broker is seen without
+# its message; not at all if the message still waits there). A dead holder or
+# a broker that lost its messages is noticed, and its stages sent again, at
+# once; this timer is for a loss nobody could see (a send that failed while
+# the broker kept everything else).
 GOVERNANCE_STAGE_RESEND_AFTER_SECONDS = env_int(
     "GOVERNANCE_STAGE_RESEND_AFTER_SECONDS", 120, minimum=1
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from governance.services.alerts import acknowledge_notification, emit_notice
 from governance.services.audit import audit
 from governance.services.budget import admit, budget_view, run_budget_view
-from governance.services.claims import holder_gone, renew_leases
+from governance.services.claims import holder_gone, lost_process, new_holder, renew_leases
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.events import record_event, record_fact
 from governance.services.health import (
@@ -75,7 +75,9 @@ __all__ = [
     "finish_stage",
     "health_verdicts",
     "holder_gone",
+    "lost_process",
     "mark_progress",
+    "new_holder",
     "open_receipt",
     "open_segment",
     "provider_health",

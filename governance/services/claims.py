@@ -38,6 +38,13 @@ def new_holder() -> str:
     return str(claim_rules.HolderId(host, namespace, pid, uuid.uuid4().hex[:12]))
 
 
+def lost_process(pid: int, at: datetime) -> claim_rules.LostProcess:
+    """A process of this host and pid namespace seen dying at ``at`` (a worker's
+    parent speaking of its pool process)."""
+    host, namespace, _pid = _identity()
+    return claim_rules.LostProcess(claim_rules.HolderId(host, namespace, pid, "").process, at)
+
+
 def holder_gone(holder: str) -> bool:
     """True only when the holder's process provably no longer exists: same
     host, same pid namespace, and no such pid. Anything unknowable is "alive"

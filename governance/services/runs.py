@@ -214,40 +214,62 @@ def _admitted_before(thread: Thread, idempotency_key: str | None) -> Run | None:
 
 
 def enqueue_stage(
-    run: Run, kind: str, payload: StagePayload, now: datetime, *, seq: int | None = None
+    run: Run,
+    kind: str,
+    payload: StagePayload,
+    now: datetime,
+    *,
+    seq: int | None = None,
+    delay_s: float = 0.0,
 ) -> Stage:
-    """A new stage row, queued at ``now`` (its queue clock starts here, R6.1)."""
+    """A new stage row, queued at ``now`` (its queue clock starts here, R6.1);
+    ``delay_s``: its message waits that long (kept as ``due_at``, so a message
+    sent again after a loss keeps the delay)."""
     if seq is None:
         seq = (run.stages.order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
     return Stage.objects.create(
-        run=run, seq=seq, kind=kind, payload=payload.to_json(), enqueued_at=now
-    )
+        run=run, seq=seq, kind=kind, payload=payload.to_json(), enqueued_at=now,
+        due_at=now + timedelta(seconds=delay_s) if delay_s > 0 else None,
+    )  # fmt: skip
 
 
-def claim_stage(stage_id: int, now: datetime, *, lease: timedelta) -> Stage | None:
+def claim_stage(
+    stage_id: int,
+    now: datetime,
+    *,
+    lease: timedelta,
+    lost: claim_rules.LostProcess | None = None,
+) -> Stage | None:
     """Take a stage for this process unless a live holder runs it or it is done
     (R6.6, ``rules.claims.claim_verdict``).
 
     The row is locked while it is judged. A holder that stopped renewing its
-    lease, or whose process is known to be gone, is taken over at once, and
-    what it drew from the ledger is marked as having no known outcome (R5.3:
-    the retry draws from the same balance). ``deliveries`` counts the pick-ups;
-    the returned stage's ``claim_verdict`` says how it was taken.
+    lease, or whose process is known to be gone — this host's OS says so, or
+    the message says its parent saw it die (``lost``) — is taken over at once,
+    and what it drew from the ledger is marked as having no known outcome
+    (R5.3: the retry draws from the same balance). ``deliveries`` counts the
+    pick-ups; the returned stage's ``claim_verdict`` says how it was taken.
     """
     with transaction.atomic(savepoint=False):  # the caller's transaction, when there is one
-        return _claim(stage_id, now, lease)
+        return _claim(stage_id, now, lease, lost)
 
 
-def _claim(stage_id: int, now: datetime, lease: timedelta) -> Stage | None:
+def _claim(
+    stage_id: int, now: datetime, lease: timedelta, lost: claim_rules.LostProcess | None
+) -> Stage | None:
     stage = _locked_stage(stage_id)
     if stage is None:
         return None
+    reported = lost is not None and claim_rules.held_by_lost_process(
+        stage.holder, stage.claimed_at, lost
+    )
+    gone = bool(stage.holder) and (reported or holder_gone(stage.holder))
     verdict = claim_rules.claim_verdict(
         claim_rules.ClaimFacts(
             finished=stage.finished_at is not None,
             holder=stage.holder,
             lease_until=stage.lease_until,
-            holder_gone=bool(stage.holder) and holder_gone(stage.holder),
+            holder_gone=gone,
         ),
         now,
     )

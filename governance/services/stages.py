@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -58,9 +58,9 @@ from governance.services import budget as budget_service
 from governance.services import callbacks
 from governance.services import statements as sql
 from governance.services.alerts import emit_notice
-from governance.services.broker import publish
+from governance.services.broker import publish, queued_stage_ids
 from governance.services.budget import budget_view
-from governance.services.claims import lease
+from governance.services.claims import holder_gone, lease
 from governance.services.events import facts_event
 from governance.services.health import (
     apply_health_moves,
@@ -114,7 +114,9 @@ class StageStart:
     gather_error: Exception | None = None  # reading the facts failed: a local failure
 
 
-def start_stage(stage_id: int, now: datetime) -> StageStart | None:
+def start_stage(
+    stage_id: int, now: datetime, *, lost: claim_rules.LostProcess | None = None
+) -> StageStart | None:
     """Claim a stage (``claim_stage``) and read what it needs, in one transaction.
 
     One model turn at a time per thread (``rules.claims.turn_may_start``): a
@@ -127,24 +129,27 @@ def start_stage(stage_id: int, now: datetime) -> StageStart | None:
     claim's writes, the gate's question, the turn's reads and the ledger's lock
     share one round trip after the claim's read (pipeline mode), where the ORM
     built each statement's SQL anew: about 0.5 ms of CPU a statement, most of a
-    stage's cost then (docs/performance.md).
+    stage's cost then (docs/performance.md). ``lost``: the message says the
+    process that held the stage died (its worker's parent saw it).
     """
     try:
         with transaction.atomic():
-            return _claim_and_gather(stage_id, now)
+            return _claim_and_gather(stage_id, now, lost)
     except Exception as exc:  # the claim rolled back with the gather: claim alone
         log.exception("stage %s: reading its facts failed", stage_id)
         with transaction.atomic():
-            stage = claim_stage(stage_id, now, lease=lease())
+            stage = claim_stage(stage_id, now, lease=lease(), lost=lost)
         return None if stage is None else StageStart(stage, gather_error=exc)
 
 
-def _claim_and_gather(stage_id: int, now: datetime) -> StageStart | None:
+def _claim_and_gather(
+    stage_id: int, now: datetime, lost: claim_rules.LostProcess | None
+) -> StageStart | None:
     # On PostgreSQL the claim's writes, the gate's question and the turn's reads
     # go in one round trip after the claim's read (statements.together): the
     # block's end, after which their answers are read.
     with sql.together():
-        stage = claim_stage(stage_id, now, lease=lease())
+        stage = claim_stage(stage_id, now, lease=lease(), lost=lost)
         if stage is None:
             return None
         run = stage.run
@@ -232,7 +237,7 @@ def give_up_claim(stage: Stage, now: datetime) -> None:
             if Stage.objects.filter(
                 id=stage.id, holder=stage.holder, finished_at__isnull=True
             ).update(lease_until=now):
-                publish([stage])
+                publish([stage], ahead=True)  # sent again: ahead of new work (R6.6)
     except DatabaseError:
         log.warning("stage %s: the database is still away; its lease will run out", stage.id)
 
@@ -730,7 +735,7 @@ def _decide(
         verification=verification,
     )
     if follow is not None:
-        new = enqueue_stage(run, follow.kind, follow.payload, now)
+        new = enqueue_stage(run, follow.kind, follow.payload, now, delay_s=follow.countdown_s)
         publish([new], {new.id: follow.countdown_s})
     return decision
 
@@ -765,18 +770,36 @@ def finish_skipped(stage: Stage, now: datetime) -> None:
 # --------------------------------------------------------------------------- watchdog
 
 
+@dataclass(frozen=True)
+class StageResend:
+    """A stage to send again, as ``rules.claims.needs_resend`` says."""
+
+    stage: tuple[int, str]  # its id and kind
+    reason: claim_rules.Resend
+    ahead: bool  # before new work (rules.claims.resend_ahead)
+    delay_s: float  # what is left of its own delay (rules.claims.resend_delay)
+
+
 @dataclass
 class WatchedRun:
     run: Run
     held: bool  # a live holder runs one of its stages
-    stale: list[
-        tuple[int, str]
-    ]  # stages to send again, with their kinds (rules.claims.needs_resend)
+    stale: list[StageResend]  # its stages to send again
 
 
-def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun]:
-    """What the clock watchdog looks at, read in one transaction."""
-    watched = []
+def unsettled_runs(
+    now: datetime, *, resend_after: timedelta, broker_lost: bool = False
+) -> list[WatchedRun]:
+    """What the clock watchdog looks at: the unsettled runs and their open
+    stages, read in one transaction, with whether each holder's process is
+    known gone on this host. ``broker_lost``: the broker may have lost the
+    messages it held (it came back empty, or a worker reconnected).
+
+    The broker's queues are read only when the answer depends on them: after
+    a loss, for the stages that should have a message there, and for a stage
+    the last-resort timer would send again (a message still waiting in a
+    backlog is not sent twice, a lost one goes ahead of new work).
+    """
     with transaction.atomic():
         runs = list(Run.objects.exclude(status=Run.Status.SETTLED).select_related("segment"))
         thread_of = {run.id: run.thread_id for run in runs}
@@ -786,32 +809,78 @@ def unsettled_runs(now: datetime, *, resend_after: timedelta) -> list[WatchedRun
             open_stages.setdefault(stage.run_id, []).append(stage)
             if stage.kind in MODEL_STAGES and claim_rules.turn_in_flight(stage.lease_until, now):
                 busy_threads.add(thread_of[stage.run_id])
-        for run in runs:
-            facts = [
-                (
-                    (s.id, s.kind),
-                    claim_rules.OpenStageFacts(
-                        holder=s.holder,
-                        lease_until=s.lease_until,
-                        enqueued_at=s.enqueued_at,
-                        parked_at=s.parked_at,
-                        thread_turn_in_flight=run.thread_id in busy_threads,
-                    ),
-                )
-                for s in open_stages.get(run.id, [])
-            ]
-            watched.append(
-                WatchedRun(
-                    run,
-                    held=any(claim_rules.holds_live(f, now) for _, f in facts),
-                    stale=[
-                        ref
-                        for ref, f in facts
-                        if claim_rules.needs_resend(f, now, resend_after=resend_after)
-                    ],
-                )
+    facts = {
+        run.id: [
+            (
+                (s.id, s.kind),
+                claim_rules.OpenStageFacts(
+                    holder=s.holder,
+                    lease_until=s.lease_until,
+                    enqueued_at=s.enqueued_at,
+                    parked_at=s.parked_at,
+                    thread_turn_in_flight=run.thread_id in busy_threads,
+                    holder_gone=bool(s.holder) and holder_gone(s.holder),
+                    due_at=s.due_at,
+                ),
             )
-    return watched
+            for s in open_stages.get(run.id, [])
+        ]
+        for run in runs
+    }
+
+    def reasons() -> dict[int, claim_rules.Resend | None]:
+        return {
+            ref[0]: claim_rules.needs_resend(
+                f, now, resend_after=resend_after, broker_lost=broker_lost
+            )
+            for stages in facts.values()
+            for ref, f in stages
+        }
+
+    why = reasons()
+    expected = [
+        f for stages in facts.values() for _, f in stages if claim_rules.message_expected(f)
+    ]
+    if (broker_lost and expected) or claim_rules.Resend.NEVER_CLAIMED in why.values():
+        queued = queued_stage_ids()
+        if queued is not None:
+            for stages in facts.values():
+                stages[:] = [
+                    (ref, replace(f, in_broker=ref[0] in queued))
+                    if claim_rules.message_expected(f)
+                    else (ref, f)
+                    for ref, f in stages
+                ]
+            why = reasons()
+    return [
+        WatchedRun(
+            run,
+            held=any(claim_rules.holds_live(f, now) for _, f in facts[run.id]),
+            stale=[
+                StageResend(
+                    ref,
+                    reason,
+                    ahead=claim_rules.resend_ahead(reason),
+                    delay_s=claim_rules.resend_delay(f, now),
+                )
+                for ref, f in facts[run.id]
+                if (reason := why[ref[0]]) is not None
+            ],
+        )
+        for run in runs
+    ]
+
+
+def resend(stages: Sequence[StageResend]) -> None:
+    """Send stages again: each in its lane, with what is left of its delay."""
+    for ahead in (True, False):
+        lane = [s for s in stages if s.ahead is ahead]
+        if lane:
+            publish(
+                [s.stage for s in lane],
+                {s.stage[0]: s.delay_s for s in lane if s.delay_s},
+                ahead=ahead,
+            )
 
 
 def has_fact(run: Run, kind: FactKind) -> bool:

@@ -17,6 +17,7 @@ from django.db import DatabaseError
 
 from governance import time_source
 from governance.models import Run, Stage
+from governance.rules.claims import LostProcess
 from governance.rules.turns import conclude_local_failure, conclude_stop, stage_must_stop
 from governance.services import stages as stage_service
 from governance.services.broker import STAGE_TASK, publish
@@ -24,6 +25,7 @@ from governance.services.stages import StaleClaim
 from tasks import instrumentation as spans
 from tasks.stages import model_turn, tool_call, verify_effect
 from tasks.stages.heartbeat import heartbeat
+from tasks.stages.lost_process import StageRequest, lost_from
 from tasks.stages.watchdog import watchdog_pass
 
 log = logging.getLogger(__name__)
@@ -37,14 +39,16 @@ HANDLERS = {
 }
 
 
-@shared_task(name=STAGE_TASK, ignore_result=True, acks_late=True)
-def execute_stage(stage_id: int) -> str:
-    return run_stage(stage_id)
+@shared_task(name=STAGE_TASK, ignore_result=True, acks_late=True, Request=StageRequest)
+def execute_stage(stage_id: int, lost_process: str = "", lost_at: str = "") -> str:
+    # lost_process, lost_at: sent again by the parent of the process that ran it
+    # and died (tasks/stages/lost_process.py).
+    return run_stage(stage_id, lost=lost_from(lost_process, lost_at))
 
 
-def run_stage(stage_id: int) -> str:
+def run_stage(stage_id: int, *, lost: LostProcess | None = None) -> str:
     now = time_source.now()
-    start = stage_service.start_stage(stage_id, now)
+    start = stage_service.start_stage(stage_id, now, lost=lost)
     if start is None:
         return "already handled"
     if start.waiting:

@@ -1,10 +1,19 @@
 """The clock watchdog (R6.1, R6.3): runs past their deadline or without
 business progress while no stage holds them are decided by the lifecycle;
-stages whose message was lost, or whose holder stopped, are sent again.
+stages whose message was lost, or whose holder stopped, are sent again
+(R6.6, ``rules.claims.needs_resend``).
 
 Each run is looked at on its own: a run whose stored values make a rule raise
 is recorded as a fact on that run (``rules.turns.conclude_unwatchable``) and
 settled by the lifecycle, and the pass goes on with the others.
+
+The broker is a prompt, not the record. Each pass asks it whether it lost what
+it held (it came back empty after a restart, or was flushed); a worker whose
+connection to it came back asks for a pass of its own at once
+(:func:`lost_messages_pass`), since what it had taken and not started is gone
+with the old connection and sends made during the outage failed. Either way
+the stages whose messages the broker no longer holds go again, ahead of new
+work, not after the last-resort timer.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from governance import time_source
 from governance.rules import run_clocks
 from governance.rules.authority import FactKind
 from governance.rules.turns import conclude_breach, conclude_unwatchable
+from governance.services import broker
 from governance.services import stages as stage_service
 
 log = logging.getLogger(__name__)
@@ -28,8 +38,14 @@ def watchdog_pass() -> dict[str, int]:
     """One pass; returns what it did."""
     now = time_source.now()
     resend_after = timedelta(seconds=settings.GOVERNANCE_STAGE_RESEND_AFTER_SECONDS)
+    broker_lost = bool(broker.broker_lost_messages())
+    if broker_lost:
+        log.warning("clock watchdog: the broker lost what it held; sending its stages again")
     done = {"breached": 0, "republished": 0, "unwatchable": 0}
-    for watched in stage_service.unsettled_runs(now, resend_after=resend_after):
+    watched_runs = stage_service.unsettled_runs(
+        now, resend_after=resend_after, broker_lost=broker_lost
+    )
+    for watched in watched_runs:
         try:
             _watch(watched, now, done)
         except DatabaseError:
@@ -47,6 +63,25 @@ def watchdog_pass() -> dict[str, int]:
             except Exception:
                 log.exception("clock watchdog: could not record run %s", watched.run.id)
     return done
+
+
+def lost_messages_pass() -> int:
+    """R6.6: the broker is back under a worker (its connection was lost): every
+    stage whose message it no longer holds is sent again now, ahead of new
+    work. Nothing about the runs' clocks is decided here (the clock watchdog's
+    pass does that). Returns how many stages were sent again."""
+    now = time_source.now()
+    broker.broker_lost_messages()  # the same loss, if it was one: the next pass need not repeat
+    watched_runs = stage_service.unsettled_runs(
+        now,
+        resend_after=timedelta(seconds=settings.GOVERNANCE_STAGE_RESEND_AFTER_SECONDS),
+        broker_lost=True,
+    )
+    stale = [resend for watched in watched_runs for resend in watched.stale]
+    stage_service.resend(stale)
+    if stale:
+        log.warning("broker back: %d stages sent again", len(stale))
+    return len(stale)
 
 
 def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None:
@@ -70,5 +105,5 @@ def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None
             done["breached"] += 1
         return
     if watched.stale:
-        stage_service.publish(watched.stale)
+        stage_service.resend(watched.stale)
         done["republished"] += len(watched.stale)

@@ -11,10 +11,12 @@ group) in ``close()``, even when a test failed half-way.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -34,8 +36,13 @@ import httpx
 import psycopg
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-PG_PORTS = range(55432, 55441)
-REDIS_PORTS = range(56379, 56390)
+# Ports for the servers a fault system starts: picked at random below the
+# kernel's ephemeral range (32768 and up by default), so an outgoing connection
+# never takes one while Redis is down for its outage, and each one held under
+# a lock file while the system lives, so harnesses running side by side (other
+# checkouts, other people) never pick the same one.
+SERVER_PORTS = range(20000, 32000)
+PORT_LOCKS = Path(tempfile.gettempdir()) / "gov-faults-ports"
 
 
 class HarnessError(AssertionError):
@@ -84,6 +91,36 @@ def free_port(candidates: Iterable[int] | None = None) -> int:
         if port_is_free(port):
             return port
     raise HarnessError(f"no free port in {candidates}")
+
+
+class PortLease:
+    """A port of ``SERVER_PORTS`` held for one fault system: free when taken,
+    and locked (``flock`` on a file per port) until ``release``, so a second
+    harness skips it even while our server is stopped on purpose."""
+
+    def __init__(self, tries: int = 200) -> None:
+        if not PORT_LOCKS.exists():
+            PORT_LOCKS.mkdir(exist_ok=True)
+            with contextlib.suppress(OSError):
+                PORT_LOCKS.chmod(0o1777)  # shared by every user, like /tmp
+        for port in random.sample(SERVER_PORTS, tries):
+            try:
+                lock = (PORT_LOCKS / f"{port}.lock").open("a")
+            except OSError:  # another user's lock file: theirs
+                continue
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.close()
+                continue
+            if port_is_free(port):
+                self.port, self._lock = port, lock
+                return
+            lock.close()
+        raise HarnessError(f"no free port in {SERVER_PORTS} after {tries} tries")
+
+    def release(self) -> None:
+        self._lock.close()  # closing the file drops the lock
 
 
 def tail(path: Path, lines: int = 60) -> str:
@@ -441,18 +478,24 @@ class System:
         self.http: httpx.Client | None = None
         self._db: psycopg.Connection | None = None
         self.receiver: Receiver | None = None
+        self.ports: list[PortLease] = []
 
     # ---- start / stop
 
+    def _lease_port(self) -> int:
+        lease = PortLease()
+        self.ports.append(lease)
+        return lease.port
+
     def start(self) -> System:
-        self.pg = PgCluster(self.root, free_port(PG_PORTS))
+        self.pg = PgCluster(self.root, self._lease_port())
         self.pg.init()
         self.pg.start()
         self.pg.create_database("governance")
-        self.redis = RedisServer(self.root, free_port(REDIS_PORTS))
+        self.redis = RedisServer(self.root, self._lease_port())
         self.redis.start()
         (self.root / "var").mkdir()
-        self.web_port = free_port()
+        self.web_port = self._lease_port()
         self.env = self._env()
         self.manage("migrate", "--no-input", "-v", "0", timeout=120)
         self.start_web()
@@ -485,19 +528,6 @@ class System:
                 "GOVERNANCE_VAR_DIR": str(self.root / "var"),
                 "LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
-                # Small clocks keep the tests fast; the rules are the same.
-                "GOVERNANCE_STAGE_LEASE_SECONDS": "9",
-                "GOVERNANCE_WATCHDOG_SECONDS": "2",
-                # A stage never claimed this long lost its message (default 120 s):
-                # above the longest queue wait of these tests, so only lost ones go.
-                "GOVERNANCE_STAGE_RESEND_AFTER_SECONDS": "15",
-                "GOVERNANCE_HEARTBEAT_SECONDS": "5",
-                "GOVERNANCE_CALLBACK_RETRY_SECONDS": "2",
-                "GOVERNANCE_CALLBACK_BACKOFF_SECONDS": "1",
-                "GOVERNANCE_CALLBACK_BACKOFF_MAX_SECONDS": "4",
-                "GOVERNANCE_ALERT_SWEEP_SECONDS": "2",
-                "GOVERNANCE_ALERT_RETRY_BASE_SECONDS": "1",
-                "GOVERNANCE_ALERT_RETRY_MAX_SECONDS": "4",
                 "GOVERNANCE_DASHBOARD_URL": f"http://127.0.0.1:{self.web_port}",
                 # The receivers of these tests listen on loopback over plain http:
                 # the outbound check lets exactly that address through.
@@ -559,6 +589,7 @@ class System:
             *[process.stop for process in reversed(list(self.processes.values()))],
             lambda: self.redis and self.redis.stop(),
             lambda: self.pg and self.pg.stop(),
+            *[lease.release for lease in self.ports],
         ):
             with contextlib.suppress(Exception):
                 closer()
@@ -566,6 +597,16 @@ class System:
             print(f"fault system {self.name}: logs kept in {self.root}", file=sys.stderr)
             return
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def queued_stage_messages(self) -> int:
+        """Messages waiting in the stage queues' Redis lists (every lane of
+        ``turns`` and ``tools``)."""
+        with contextlib.closing(self.redis.client()) as client:
+            keys = [k for p in ("turns*", "tools*") for k in client.keys(p)]
+            return sum(client.llen(k) for k in keys if client.type(k) == b"list")
+
+    def worker_log(self) -> str:
+        return (self.root / "worker.log").read_text(errors="replace")
 
     # ---- what went wrong
 

@@ -1,12 +1,15 @@
 """The system's own Redis flushed, then stopped for 10 s, costs no answer (R6.5).
 
 The broker is not part of a run's commit: rows committed are the run, and a
-lost message is found again by the watchdog. FLUSHALL mid-run drops every
-queued stage message; stopping Redis for 10 s cuts the web's publishes, the
-worker's consumer and beat. Submits during the outage answer 202 (the rows
-committed) or a clear 503 JSON — never a 500 — and /healthz answers 503
-naming the broker. Once Redis is back on the same port, every run settles
-completed and nothing happened twice.
+lost message is found again (R6.6). FLUSHALL mid-run drops every queued stage
+message; stopping Redis for 10 s (it comes back empty: no persistence) cuts
+the web's publishes, the worker's consumer and beat. Submits during the
+outage answer 202 (the rows committed) or a clear 503 JSON — never a 500 —
+and /healthz answers 503 naming the broker. Once Redis is back on the same
+port, the worker reconnecting asks for the stages the broker lost to be sent
+again, ahead of new work: with the production clocks (the last-resort resend
+after 120 s), every run settles completed within 60 s of the broker's return,
+and nothing happened twice.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tests.faults.conftest import running_system
 from tests.faults.harness import held_stage, wait_for, wait_outbox_drained
 
 OUTAGE_S = 10.0
-SETTLE_BOUND_S = 90.0
+RECOVERY_BOUND_S = 60.0  # the broker back → every run settled
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,8 @@ def test_r6_5_a_flushed_then_stopped_broker_costs_no_answer(system, figures):
         time.sleep(1.0)
     time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped_at)))
     system.redis.start()
-    figures["outage_s"] = round(time.monotonic() - stopped_at, 1)
+    returned_at = time.monotonic()
+    figures["outage_s"] = round(returned_at - stopped_at, 1)
     figures["submits_during_outage"] = [status for status, _ in submits]
     figures["healthz_during_outage"] = health
 
@@ -84,10 +88,13 @@ def test_r6_5_a_flushed_then_stopped_broker_costs_no_answer(system, figures):
     ]
     runs += outage_runs
 
-    settle = system.wait_settled(runs, timeout=SETTLE_BOUND_S)
+    # Bounded well past the bound, so a miss reports the measured figure.
+    settle = system.wait_settled(runs, timeout=2 * RECOVERY_BOUND_S)
+    back_to_settled = time.monotonic() - returned_at
     figures["flush_to_all_settled_s"] = round(time.monotonic() - flushed_at, 1)
-    figures["restart_to_all_settled_s"] = round(time.monotonic() - stopped_at - OUTAGE_S, 1)
+    figures["return_to_all_settled_s"] = round(back_to_settled, 1)
     figures["slowest_settle_s"] = round(max(settle.values()), 1)
+    figures["worker_asked_for_lost_stages"] = "broker back:" in system.worker_log()
     waits = system.sql(
         "SELECT extract(epoch FROM started_at - enqueued_at) FROM governance_stage "
         "WHERE run_id::text = ANY(%s) ORDER BY 1 DESC",
@@ -105,6 +112,11 @@ def test_r6_5_a_flushed_then_stopped_broker_costs_no_answer(system, figures):
     figures["runs_not_completed"] = sum(
         1 for outcome, *_ in system.settlements(runs).values() if outcome != "completed"
     )
+    if back_to_settled > RECOVERY_BOUND_S:
+        problems.append(
+            f"the last run settled {back_to_settled:.1f} s after Redis came back "
+            f"(want ≤ {RECOVERY_BOUND_S:.0f} s)"
+        )
     bad_submits = [(s, t) for s, t in submits if s not in (202, 503) or (s == 503 and "{" not in t)]
     if bad_submits:
         problems.append(f"submits during the outage answered {bad_submits}")

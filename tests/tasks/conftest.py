@@ -12,6 +12,7 @@ from celery.contrib.testing.worker import start_worker
 
 from governance import time_source
 from governance.models import ApiToken, Provider, Run
+from governance.services.broker import BROKER_EPOCH_KEY, lane_keys
 from governance.services.tokens import token_digest
 from tasks import celery_app
 from tests.conftest import requires_services
@@ -105,21 +106,32 @@ def scripted_provider():
     return make
 
 
-def sent_stages(redis_client) -> list[int]:
-    """The stage ids waiting in the real broker's queue."""
+def sent_stages(redis_client, lane: int | None = None) -> list[int]:
+    """The stage ids waiting in the real broker's turns queue, in the order
+    they will be taken (both lanes, or only lane ``lane``: 0 ahead, 1 new work)."""
+    keys = lane_keys("turns")
     ids = []
-    for raw in redis_client.lrange("turns", 0, -1):
-        headers = json.loads(raw)["headers"]
-        if headers["task"] == "tasks.stages.execute_stage":
-            ids.extend(ast.literal_eval(headers["argsrepr"]))
+    for key in keys if lane is None else [keys[lane]]:
+        for raw in reversed(redis_client.lrange(key, 0, -1)):  # taken from the right
+            headers = json.loads(raw)["headers"]
+            if headers["task"] == "tasks.stages.execute_stage":
+                ids.extend(ast.literal_eval(headers["argsrepr"]))
     return ids
+
+
+def every_queue_key(settings) -> list[str]:
+    """Every Redis list of every queue (each queue has a lane for work sent again)."""
+    return [key for name in settings.GOVERNANCE_QUEUES for key in lane_keys(name)]
 
 
 @pytest.fixture
 def broker_queue(settings):
+    """The real broker's Redis, its queues empty, and known not to have lost
+    anything (a test that flushes it deletes ``BROKER_EPOCH_KEY`` too)."""
     import redis
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete("turns")
+    client.delete(*every_queue_key(settings))
+    client.set(BROKER_EPOCH_KEY, "tests")
     yield client
-    client.delete("turns")
+    client.delete(*every_queue_key(settings))

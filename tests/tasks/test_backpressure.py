@@ -8,7 +8,8 @@ import json
 import pytest
 
 from governance.models import Run, Stage
-from governance.services.broker import publish, queue_states
+from governance.services.broker import lane_keys, publish, queue_states
+from tests.tasks.conftest import every_queue_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,9 +19,9 @@ def queues(settings):
     import redis
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete(*settings.GOVERNANCE_QUEUES)
+    client.delete(*every_queue_key(settings))
     yield client
-    client.delete(*settings.GOVERNANCE_QUEUES)
+    client.delete(*every_queue_key(settings))
 
 
 def _thread(api, scripted_provider):
@@ -43,12 +44,36 @@ def test_r6_7_stages_go_to_the_queue_of_their_kind(api, manual_clock, scripted_p
             run=stage.run, seq=2, kind=Stage.Kind.TOOL_CALL, payload={}, enqueued_at=manual_clock()
         )
         publish([tool])
+    turns_ahead, turns_new = lane_keys("turns")
+    tools_ahead, tools_new = lane_keys("tools")
     names = {name.decode() for name in queues.keys("*") if queues.type(name) == b"list"}
-    assert {"turns", "tools"} <= names
-    [turn] = queues.lrange("turns", 0, -1)
-    [tool_message] = queues.lrange("tools", 0, -1)
+    assert {turns_new, tools_new} <= names  # new work: the second lane
+    assert not {turns_ahead, tools_ahead} & names
+    [turn] = queues.lrange(turns_new, 0, -1)
+    [tool_message] = queues.lrange(tools_new, 0, -1)
     assert json.loads(turn)["headers"]["argsrepr"] == f"[{stage.id}]"
     assert json.loads(tool_message)["headers"]["argsrepr"] == f"[{tool.id}]"
+
+
+def test_r6_6_r6_7_a_stage_sent_again_goes_ahead_of_new_work_and_still_counts(
+    api, manual_clock, scripted_provider, queues
+):
+    """The first lane of a queue is taken before the second (kombu's Redis
+    priorities); the queue's depth and oldest wait count both."""
+    thread = _thread(api, scripted_provider)
+    assert _submit(api, thread, "new").status_code == 202
+    stage = Stage.objects.get()
+    manual_clock.advance(seconds=5)
+    publish([stage], ahead=True)
+    ahead, new = lane_keys("turns")
+    assert ahead == "turns" and queues.llen(ahead) == 1 and queues.llen(new) == 1
+    [turns] = [q for q in queue_states() if q.name == "turns"]
+    assert (turns.depth, turns.oldest_age_s) == (2, 5.0)
+    from tasks.celery import app
+
+    with app.connection_for_write() as conn:
+        taken = conn.SimpleQueue("turns", no_ack=True).get(timeout=5)
+    assert taken.properties["priority"] == 0 and queues.llen(ahead) == 0
 
 
 def test_r6_7_a_backed_up_turns_queue_answers_429_with_retry_after_and_writes_nothing(
@@ -71,7 +96,7 @@ def test_r6_7_a_backed_up_turns_queue_answers_429_with_retry_after_and_writes_no
     # A repeat of the admitted run is answered, not refused.
     assert _submit(api, thread, "first").status_code == 200
 
-    queues.delete("turns")  # a worker took the backlog
+    queues.delete(*lane_keys("turns"))  # a worker took the backlog
     assert _submit(api, thread, "second").status_code == 202
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from governance import services
 from governance.models import BudgetEntry, ProviderAttempt, Stage, Thread
+from governance.services.broker import lane_keys
 from tasks.stages import run_stage
 from tests.tasks.conftest import sent_stages
 
@@ -124,7 +125,7 @@ def test_r3_2_r6_6_a_waiting_turn_is_woken_by_the_close_not_by_a_timer(
     assert sent_stages(broker_queue) == [other_stage.id]
     woken = Stage.objects.get(id=other_stage.id)
     assert woken.parked_at is None and woken.lease_until > manual_clock()
-    broker_queue.delete("turns")
+    broker_queue.delete(*lane_keys("turns"))
     # A new run arriving now waits behind the woken turn that is on its way.
     _fourth, fourth_stage, _ = services.submit_run(
         Thread.objects.get(id=run.thread_id), input="Fourth", now=manual_clock()

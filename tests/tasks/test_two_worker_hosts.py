@@ -17,6 +17,7 @@ from django.db import connection
 from governance import services, time_source
 from governance.models import Provider, Run, Stage, Thread
 from governance.services.broker import publish
+from tests.tasks.conftest import every_queue_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +36,7 @@ def two_hosts(tmp_path, settings):
     import redis
 
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(*settings.GOVERNANCE_QUEUES)
+    broker.delete(*every_queue_key(settings))
     workers = []
     for host in ("host-a", "host-b"):
         env = {
@@ -71,7 +72,7 @@ def two_hosts(tmp_path, settings):
         proc.terminate()
     for proc, _ in workers:
         proc.wait(30)
-    broker.delete(*settings.GOVERNANCE_QUEUES)
+    broker.delete(*every_queue_key(settings))
 
 
 def test_r6_6_two_hosts_share_the_work_and_run_each_stage_once(two_hosts):
