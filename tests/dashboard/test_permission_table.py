@@ -467,12 +467,12 @@ def test_staff_watching_a_clients_run_record_no_delivery_evidence(
 
 
 def test_the_migration_gives_existing_runs_an_owner(django_user_model):
-    """0018: the user the admission recorded, else the thread's creator."""
+    """0019: the user the admission recorded, else the thread's creator."""
     import importlib
 
     from django.apps import apps
 
-    give_owners = importlib.import_module("governance.migrations.0018_run_owner").give_owners
+    give_owners = importlib.import_module("governance.migrations.0019_run_owner").give_owners
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
     asker = django_user_model.objects.create_user("asker")
     creator = django_user_model.objects.create_user("creator")

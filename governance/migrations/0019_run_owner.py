@@ -56,7 +56,7 @@ def update_roles(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("governance", "0017_provider_kinds_from_their_list"),
+        ("governance", "0018_stage_due_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
