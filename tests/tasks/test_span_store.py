@@ -263,13 +263,14 @@ def test_r6_1_build_providers_stores_spans_by_default(settings):
     finally:
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    run = SpanRecord.objects.get(name="governance.run")
+    # This run's: a worker an earlier test started may still be storing its own.
+    run = SpanRecord.objects.get(name="governance.run", run_id=RUN_ID)
     assert run.span_id == carrier["run_span_id"]
     assert run.component == "worker"
     (child,) = SpanRecord.objects.filter(run_id=RUN_ID, parent_span_id=run.span_id)
     assert child.name == "governance.stage.execution"
     assert {k: child.attributes[k] for k in CLOCKS} == CLOCKS
-    assert not SpanRecord.objects.filter(name="governance.stage.queue").exists()
+    assert not SpanRecord.objects.filter(name="governance.stage.queue", run_id=RUN_ID).exists()
 
 
 @pytest.mark.django_db(transaction=True)
