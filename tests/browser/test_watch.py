@@ -147,6 +147,7 @@ def test_r7_2_an_operator_watching_a_clients_run_is_an_onlooker(
     page.goto(f"{live_server.url}/runs/{run.id}/watch")
     page.locator("#answer", has_text="not by the client").wait_for()
     assert "someone else's run" in page.locator("#onlooker").inner_text()
+    assert page.get_by_role("heading", name=f"Watching {run.owner.username}'s answer").is_visible()
     shots(page, "onlooker")
     # The page counts the parts it renders, and an owner's page asks its ack in
     # that same step: a quiet moment after the count shows no ack was asked.
