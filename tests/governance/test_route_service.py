@@ -93,7 +93,7 @@ def test_a_name_is_taken_once(providers):
 def test_an_update_changes_what_is_given_audits_it_and_moves_updated_at(providers):
     add("fast")
     later = time_source.now() + timedelta(minutes=5)
-    route, changed = route_services.update_route(
+    _route, changed = route_services.update_route(
         "fast", by="tester", now=later, reason="beta first", provider_chain=["beta"],
         enabled=False,
     )  # fmt: skip
