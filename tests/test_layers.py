@@ -255,6 +255,7 @@ DASHBOARD_ALLOWED = {
     "site": {
         "dashboard.api.base",
         "dashboard.api.urls",
+        "dashboard.openai.errors",
         "dashboard.openai.urls",
         "dashboard.pages.urls",
     },

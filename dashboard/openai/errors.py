@@ -14,7 +14,9 @@ TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
+    503: "server_error",
 }
 
 

@@ -4,6 +4,9 @@ tokens as its API key, and errors in OpenAI's shape."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import openai
 import pytest
 
@@ -75,3 +78,35 @@ def test_the_list_shape_on_the_wire(client, offered):
     answer = client.get("/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert answer["object"] == "list"
     assert [set(m) for m in answer["data"]] == [{"id", "object", "created", "owned_by"}] * 2
+
+
+def test_an_unknown_door_address_is_404_in_openais_shape(client, offered):
+    for path in ("/v1/chat/nope", "/v1/", "/v1"):
+        response = client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 404, path
+        assert response.json()["error"] == {
+            "message": "no such address",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+
+
+def test_a_failure_in_the_door_is_500_in_openais_shape_with_a_logged_ref(
+    client, offered, monkeypatch, caplog
+):
+    from dashboard.openai import models as door_models
+
+    def broken():
+        raise RuntimeError("the read failed")
+
+    monkeypatch.setattr(door_models, "offered_models", broken)
+    with caplog.at_level(logging.ERROR, logger="dashboard.site.errors"):
+        response = client.get("/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and set(error) == {"message", "type", "param", "code"}
+    ref = re.fullmatch(
+        r"internal error; it has been logged \(ref ([0-9a-f]{8})\)", error["message"]
+    )
+    assert ref and any(ref.group(1) in r.getMessage() for r in caplog.records)
