@@ -133,3 +133,45 @@ def test_threads_share_the_chain_check(providers):
         services.create_thread(provider_chain=["alpha", "alpha"], now=time_source.now())
     assert refused.value.field == "provider_chain" and "twice" in refused.value.message
     assert not Thread.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_route_and_a_provider_added_at_once_cannot_both_take_a_name():
+    """Two tables, no unique index across them: the lock on the name makes the
+    second adder wait for the first's commit and then see its row."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite lets one writer at a time anyway")
+    Provider.objects.create(provider_id="alpha", kind="scripted", model="m", script={})
+    route_taken, outcome = threading.Event(), {}
+
+    def add_provider():
+        route_taken.wait(10)
+        try:
+            provider_services.create_provider(
+                provider_id="both", kind="scripted", model="m", script={},
+                by="tester", now=time_source.now(),
+            )  # fmt: skip
+            outcome["provider"] = "added"
+        except route_services.NameTaken as exc:
+            outcome["provider"] = exc.field
+        finally:
+            connections.close_all()
+
+    other = threading.Thread(target=add_provider)
+    other.start()
+    with transaction.atomic():
+        route_services.require_free_name("both", for_a="route", field="name")
+        Route.objects.create(
+            name="both", provider_chain=["alpha"], created_at=time_source.now(),
+            updated_at=time_source.now(),
+        )  # fmt: skip
+        route_taken.set()
+        other.join(0.5)
+        assert other.is_alive()  # waiting on the name, not deciding without the route
+    other.join(10)
+    assert outcome == {"provider": "provider_id"}
+    assert not Provider.objects.filter(provider_id="both").exists()
