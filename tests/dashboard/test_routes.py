@@ -203,3 +203,31 @@ def test_the_providers_page_shows_the_routes(client, tokens, make_user):
 def test_the_providers_page_says_when_there_are_no_routes(client, make_user):
     client.force_login(make_user("viewer", "manager"))
     assert "No routes yet" in client.get("/providers/").content.decode()
+
+
+def test_the_admin_form_refuses_a_provider_id_a_route_has(client, tokens):
+    from django.urls import reverse
+
+    route_services.create_route(
+        name="fast", provider_chain=["alpha"], by="t", now=time_source.now()
+    )
+    client.force_login(tokens)
+    form = {
+        "provider_id": "fast", "kind": "scripted", "model": "m", "base_url": "",
+        "api_key_env": "", "connect_timeout_s": 10, "read_timeout_s": 120,
+        "failure_threshold": 3, "base_cooldown_s": 30, "max_cooldown_s": 600, "enabled": "on",
+        "currency": "", "refusal_schedule": "{}", "script": "{}",
+    }  # fmt: skip
+    response = client.post(reverse("admin:governance_provider_add"), form)
+    assert response.status_code == 200
+    assert "a route &#x27;fast&#x27; exists" in response.content.decode()
+    assert not Provider.objects.filter(provider_id="fast").exists()
+    renamed = client.post(
+        reverse("admin:governance_provider_add"), {**form, "provider_id": "gamma"}
+    )
+    assert renamed.status_code == 302, renamed.content.decode()[:3000]
+    # Renaming a provider to a route's name is refused too.
+    gamma = Provider.objects.get(provider_id="gamma")
+    change = reverse("admin:governance_provider_change", args=[gamma.pk])
+    assert client.post(change, {**form, "provider_id": "fast"}).status_code == 200
+    assert Provider.objects.filter(provider_id="gamma").exists()
