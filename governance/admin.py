@@ -14,6 +14,7 @@ from governance.models import (
 from governance.services.alerts import channel_target_problem
 from governance.services.errors import ServiceError
 from governance.services.providers import check_base_url
+from governance.services.routes import require_free_name
 from governance.services.secrets import mask_url, require_key_env
 from governance.services.tool_servers import check_url
 
@@ -35,9 +36,15 @@ def _judge(form: forms.ModelForm, field: str, check) -> None:
             form.add_error(field, exc.message)
 
 
+def _provider_id_free(provider_id: str, field: str) -> None:
+    # Inside the admin's transaction of the save: the name stays held until it commits.
+    require_free_name(provider_id, for_a="provider", field=field)
+
+
 class ProviderForm(forms.ModelForm):
     """The admin's provider form: the key variable and the base URL pass the
-    provider service's checks (``check_base_url``, ``require_key_env``)."""
+    provider service's checks (``check_base_url``, ``require_key_env``), and
+    the id is no route's name (``require_free_name``)."""
 
     base_url = forms.URLField(
         required=False,
@@ -61,6 +68,7 @@ class ProviderForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        _judge(self, "provider_id", _provider_id_free)
         _judge(self, "base_url", check_base_url)
         _judge(self, "api_key_env", require_key_env)
         return data

@@ -81,6 +81,26 @@ class Provider(models.Model):
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+class Route(models.Model):
+    """A named provider chain: what the OpenAI-compatible door's ``model`` may
+    name besides a single provider id. Route names and provider ids are one
+    namespace (``governance.services.routes``), so a name is never ambiguous."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    provider_chain = models.JSONField(help_text="provider ids, tried in order")
+    description = models.TextField(blank=True)
+    enabled = models.BooleanField(default=True)
+    # Written from governance.time_source (a rehearsal's shifted clock), not auto_now.
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} → {' → '.join(self.provider_chain)}"
+
+
 class ToolServer(models.Model):
     """A registered tool: an MCP server whose tools are listed from
     it (``"{name}.{tool}"``), or one HTTP endpoint with a JSON Schema (``"{name}"``).

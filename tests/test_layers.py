@@ -232,23 +232,33 @@ DASHBOARD_ENTRIES = {
     "__init__.py", "apps.py",
     "site",  # the platform: settings, env readers, URL root, entry points, backends, `up`
     "api",  # the public API, one module per resource, its schemas and OpenAPI builder
+    "openai",  # the OpenAI-compatible door under /v1/, in OpenAI's shapes
     "pages",  # the dashboard's pages
     "queries",  # the read models the pages and the API share
     "management",  # manage.py commands for people (demo, provider, tool, tokens)
     "templatetags",  # the pages' template filters (Django looks for them here)
 }  # fmt: skip
 # What a package of dashboard/ may not import. Only the URL root and the error
-# handlers of the platform reach the API and the pages; a page may answer in the
+# handlers of the platform reach the API, the door and the pages; a page may answer in the
 # API's JSON error shape (dashboard.api.base) and show its OpenAPI description.
 DASHBOARD_FORBIDDEN = {
-    "queries": ("dashboard.api", "dashboard.pages", "dashboard.management"),
-    "api": ("dashboard.pages", "dashboard.management"),
-    "pages": ("dashboard.api", "dashboard.management"),
-    "site": ("dashboard.api", "dashboard.pages"),
+    "queries": ("dashboard.api", "dashboard.openai", "dashboard.pages", "dashboard.management"),
+    "api": ("dashboard.openai", "dashboard.pages", "dashboard.management"),
+    "openai": ("dashboard.api", "dashboard.pages", "dashboard.management"),
+    "pages": ("dashboard.api", "dashboard.openai", "dashboard.management"),
+    "site": ("dashboard.api", "dashboard.openai", "dashboard.pages"),
 }
+# The door authenticates with the API's tokens (dashboard.api.base), in its own shapes.
 DASHBOARD_ALLOWED = {
+    "openai": {"dashboard.api.base"},
     "pages": {"dashboard.api.base", "dashboard.api.openapi"},
-    "site": {"dashboard.api.base", "dashboard.api.urls", "dashboard.pages.urls"},
+    "site": {
+        "dashboard.api.base",
+        "dashboard.api.urls",
+        "dashboard.openai.errors",
+        "dashboard.openai.urls",
+        "dashboard.pages.urls",
+    },
 }
 
 

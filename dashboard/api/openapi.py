@@ -109,6 +109,13 @@ PROVIDER_ID = {
     "description": "the provider's id (a slug)",
     "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[-a-zA-Z0-9_]+$"},
 }
+ROUTE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "the route's name (a slug)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[-a-zA-Z0-9_]+$"},
+}
 TOOL_NAME = {
     "name": "name",
     "in": "path",
@@ -260,6 +267,30 @@ OPERATIONS: tuple[Operation, ...] = (
         "checked as when adding one.",
     ),
     Operation(
+        "get", "/api/v1/routes", "Routes: named provider chains a request's `model` may name",
+        {200: ("every route", s.RouteList)}, errors=(401, 405, 500), tags=("routes",),
+    ),
+    Operation(
+        "post", "/api/v1/routes", "Add a route",
+        {201: ("the new route", s.RouteAnswer)},
+        body=s.RouteCreate, errors=(400, 401, 403, 405, 409, 413, 415, 500), tags=("routes",),
+        description="A route is provider configuration. `provider_chain` names existing "
+        "providers, each once. The name is never a provider's id (route names and provider "
+        "ids are one namespace: the OpenAI-compatible door's `model` names either): a name "
+        "taken by a route or a provider answers 409.",
+    ),
+    Operation(
+        "get", "/api/v1/routes/{name}", "A route",
+        {200: ("the route", s.RouteAnswer)}, errors=(401, 404, 405, 500), tags=("routes",),
+        parameters=(ROUTE_NAME,),
+    ),
+    Operation(
+        "patch", "/api/v1/routes/{name}", "Change a route: its chain, description, enabled",
+        {200: ("the route as changed", s.RouteAnswer)},
+        body=s.RouteUpdate, errors=(*WRITE, 403), tags=("routes",), parameters=(ROUTE_NAME,),
+        description="Only the fields sent change; the name stays.",
+    ),
+    Operation(
         "get", "/api/v1/insights/reprobes",
         "Re-probe outcomes: how often refused requests flip to accepted, per tier (R3)",
         {200: ("per tier (original refused send, re-render, history-only, re-probe n, first "
@@ -338,6 +369,10 @@ LINKS: dict[tuple[str, str, int], dict[str, tuple[tuple[str, str], dict[str, str
             ("patch", "/api/v1/providers/{provider_id}"),
             {"provider_id": "$response.body#/provider_id"},
         ),
+    },
+    ("post", "/api/v1/routes", 201): {
+        "GetRoute": (("get", "/api/v1/routes/{name}"), {"name": "$response.body#/name"}),
+        "ChangeRoute": (("patch", "/api/v1/routes/{name}"), {"name": "$response.body#/name"}),
     },
     ("post", "/api/v1/tools", 201): {
         "GetTool": (("get", "/api/v1/tools/{name}"), {"name": "$response.body#/name"}),

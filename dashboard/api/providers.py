@@ -14,6 +14,7 @@ from dashboard.site import permissions
 from governance import services, time_source
 from governance.models import Provider, ProviderHealthState
 from governance.services import providers as provider_services
+from governance.services.routes import NameTaken
 from governance.services.secrets import mask_url
 
 
@@ -99,7 +100,7 @@ def create_provider(request: HttpRequest) -> JsonResponse:
             now=time_source.now(),
             **values,
         )
-    except provider_services.ProviderExists as exc:
+    except (provider_services.ProviderExists, NameTaken) as exc:
         raise ApiError(409, exc.field, exc.message) from None
     except services.ServiceError as exc:
         raise _provider_problem(exc) from None

@@ -33,6 +33,7 @@ from governance.rules.refusal import MAX_SCHEDULE_TIERS, REFUSAL_SCOPE_TTL
 from governance.rules.secrets import DEFAULT_ALLOW as DEFAULT_KEY_ENV_ALLOW
 from governance.rules.segments import BoundaryKind
 from governance.services import providers as provider_rules
+from governance.services import routes as route_rules
 from governance.services import tool_servers as tool_rules
 from governance.services.runs import BUDGET_MAX, DURATION_MAX, DURATION_MIN
 from governance.services.threads import TOOL_NAMES
@@ -92,10 +93,16 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+ProviderChain = Annotated[
+    list[ProviderId],
+    Field(
+        min_length=1, max_length=route_rules.CHAIN_MAX, description="provider ids, tried in order"
+    ),
+]
+
+
 class ThreadCreate(Body):
-    provider_chain: Annotated[list[ProviderId], Field(min_length=1, max_length=20)] = Field(
-        description="provider ids, tried in order"
-    )
+    provider_chain: ProviderChain
     title: text(200) = ""
     model: text(200) = Field("", description="default: the first provider's model")
     mode: text(50) = "default"
@@ -735,3 +742,47 @@ class ToolDetail(ToolAnswer):
 
 class ToolList(Answer):
     items: list[ToolAnswer]
+
+
+# --------------------------------------------------------------------------- routes
+
+RouteName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$"),
+    Field(
+        description="what the OpenAI-compatible door's `model` names: a slug, never a "
+        "provider's id (route names and provider ids are one namespace)"
+    ),
+]
+RouteDescription = Annotated[
+    text(route_rules.DESCRIPTION_MAX), Field(description="what the route is for, in words")
+]
+
+
+class RouteCreate(Body):
+    name: RouteName
+    provider_chain: ProviderChain
+    description: RouteDescription = ""
+    enabled: bool = True
+
+
+class RouteUpdate(Body):
+    """Only the fields sent change (null: unchanged); the name stays."""
+
+    provider_chain: ProviderChain | None = None
+    description: RouteDescription | None = None
+    enabled: bool | None = None
+    reason: text(2_000) = Field("", description="kept in the audit log with the change")
+
+
+class RouteAnswer(Answer):
+    name: str
+    provider_chain: list[str] = Field(description="provider ids, tried in order")
+    description: str
+    enabled: bool
+    created_at: str
+    updated_at: str
+
+
+class RouteList(Answer):
+    items: list[RouteAnswer]

@@ -1,5 +1,6 @@
 """Providers page (R2.1–R2.3, R8.1): breaker state in words, recent failures by
-class, and the open segments where a provider is frozen or cooling. Read-only
+class, the open segments where a provider is frozen or cooling, and the routes
+(named provider chains a request's ``model`` may name). Read-only
 for every logged-in role; providers are configured in the Django admin, the API
 or ``manage.py provider`` — except their prices, which whoever may
 change providers also sets here, through the same service as the API."""
@@ -16,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from dashboard.queries import providers as queries
+from dashboard.queries import routes as queries_routes
 from dashboard.queries import segments as queries_segments
 from dashboard.site import permissions
 from dashboard.site.env import parse_duration
@@ -192,6 +194,7 @@ def _page(
             "rule_text": RULE_TEXT,
             "boundary_actions": BOUNDARY_ACTIONS_TEXT,
             "alert_channels": _alert_channel_rows(now),
+            "routes": queries_routes.routes(),
         },
         status=status,
     )

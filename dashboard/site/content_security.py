@@ -13,7 +13,7 @@ from csp.middleware import CSPMiddleware, PolicyParts
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
-from dashboard.site.errors import is_api
+from dashboard.site.errors import answers_json
 
 
 class ContentSecurityPolicyMiddleware(CSPMiddleware):
@@ -21,6 +21,6 @@ class ContentSecurityPolicyMiddleware(CSPMiddleware):
         self, request: HttpRequest, response: HttpResponseBase, report_only: bool = False
     ) -> PolicyParts:
         parts = super().get_policy_parts(request, response, report_only)
-        if not report_only and parts.config is None and is_api(request):
+        if not report_only and parts.config is None and answers_json(request):
             parts.config = settings.API_CONTENT_SECURITY_POLICY["DIRECTIVES"]
         return parts

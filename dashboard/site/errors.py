@@ -1,4 +1,8 @@
-"""Error answers: every error under ``/api/`` is JSON; no error page shows a secret.
+"""Error answers: every error under ``/api/`` and ``/v1/`` is JSON; no error page shows a secret.
+
+Under ``/v1/`` (the OpenAI-compatible door) every error has OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}`` (``dashboard.openai.errors``):
+its clients read that one. What follows for ``/api/`` holds there too, in that shape.
 
 Under ``/api/`` every error answer has the API's one shape, ``{"error": {"field": …,
 "message": …}}`` (``dashboard.api.base.error_response``), never Django's HTML page, also
@@ -49,10 +53,12 @@ from django.views import defaults
 from django.views.debug import SafeExceptionReporterFilter
 
 from dashboard.api.base import error_response
+from dashboard.openai.errors import openai_error
 
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+DOOR_PREFIX = "/v1/"
 
 # Said when nothing more specific is known (a rewritten page, a handler).
 STATUS_MESSAGES = {
@@ -77,13 +83,30 @@ def is_api(request: HttpRequest) -> bool:
     return path.startswith(API_PREFIX) or path == API_PREFIX.rstrip("/")
 
 
+def is_door(request: HttpRequest) -> bool:
+    """The OpenAI-compatible door: its errors have OpenAI's shape."""
+    path = request.path_info or ""
+    return path.startswith(DOOR_PREFIX) or path == DOOR_PREFIX.rstrip("/")
+
+
+def answers_json(request: HttpRequest) -> bool:
+    return is_api(request) or is_door(request)
+
+
+def _error(request: HttpRequest | None, status: int, field: str | None, message: str):
+    """The error answer in the shape the address's clients read."""
+    if request is not None and is_door(request):
+        return openai_error(status, message, param=field)
+    return error_response(status, field, message)
+
+
 def body_limit_message(limit: int) -> str:
     """413's words: the limit is ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE``."""
     return f"the request body is larger than the limit of {limit:,} bytes ({limit / 2**20:g} MiB)"
 
 
-def too_large() -> JsonResponse:
-    return error_response(413, None, body_limit_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+def too_large(request: HttpRequest | None = None) -> JsonResponse:
+    return _error(request, 413, None, body_limit_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
 
 
 def internal_error(request: HttpRequest, exc_info=None) -> JsonResponse:
@@ -91,7 +114,7 @@ def internal_error(request: HttpRequest, exc_info=None) -> JsonResponse:
     ref = getattr(request, _REF_ATTR, None)
     if ref is None:
         ref = _log_internal_error(request, exc_info)
-    return error_response(500, None, f"internal error; it has been logged (ref {ref})")
+    return _error(request, 500, None, f"internal error; it has been logged (ref {ref})")
 
 
 def _log_internal_error(request: HttpRequest, exc_info) -> str:
@@ -123,7 +146,7 @@ def _on_uncaught_exception(sender, request=None, **kwargs) -> None:
     """An exception Django handles itself (one raised in a middleware, not in a
     view): log it with a reference now, while it is being handled, so the JSON
     500 that replaces Django's answer names the same reference."""
-    if request is not None and is_api(request) and getattr(request, _REF_ATTR, None) is None:
+    if request is not None and answers_json(request) and getattr(request, _REF_ATTR, None) is None:
         _log_internal_error(request, sys.exc_info())
 
 
@@ -131,33 +154,36 @@ got_request_exception.connect(_on_uncaught_exception, dispatch_uid="dashboard.si
 
 
 def exception_response(request: HttpRequest, exc: Exception) -> JsonResponse:
-    """The JSON answer for an exception out of an API view."""
+    """The JSON answer for an exception out of an API (or door) view."""
     if isinstance(exc, RequestDataTooBig):
-        return too_large()
+        return too_large(request)
     if isinstance(exc, Http404):
-        return error_response(404, None, _readable(exc) or STATUS_MESSAGES[404])
+        return _error(request, 404, None, _readable(exc) or STATUS_MESSAGES[404])
     if isinstance(exc, PermissionDenied):
-        return error_response(403, None, _readable(exc) or STATUS_MESSAGES[403])
+        return _error(request, 403, None, _readable(exc) or STATUS_MESSAGES[403])
     if isinstance(exc, BadRequest):
-        return error_response(400, None, _readable(exc) or STATUS_MESSAGES[400])
+        return _error(request, 400, None, _readable(exc) or STATUS_MESSAGES[400])
     if isinstance(exc, MultiPartParserError):
-        return error_response(400, None, "the multipart body could not be parsed")
+        return _error(request, 400, None, "the multipart body could not be parsed")
     if isinstance(exc, UnreadablePostError):
-        return error_response(400, None, "the request body could not be read")
+        return _error(request, 400, None, "the request body could not be read")
     if isinstance(exc, SuspiciousOperation):
         # Its text is for the security log (it may name settings), not for the client.
         logging.getLogger(f"django.security.{type(exc).__name__}").error(
             "%s on %s %s", exc, request.method, request.path
         )
-        return error_response(400, None, STATUS_MESSAGES[400])
+        return _error(request, 400, None, STATUS_MESSAGES[400])
     if isinstance(exc, OperationalError | InterfaceError):
         # The database went away under the request (a restart, a failover): its
         # transaction rolled back, so the same request may simply be sent again.
         logging.getLogger(__name__).warning(
             "database unavailable on %s %s: %s", request.method, request.path, exc
         )
-        response = error_response(
-            503, None, "the database is unavailable for a moment; nothing was written, retry"
+        response = _error(
+            request,
+            503,
+            None,
+            "the database is unavailable for a moment; nothing was written, retry",
         )
         response["Retry-After"] = "1"
         return response
@@ -183,7 +209,7 @@ def _declared_length(request: HttpRequest) -> int | None:
 
 
 class ApiErrorMiddleware:
-    """JSON errors under /api/ (see the module's docstring). Sync and async."""
+    """JSON errors under /api/ and /v1/ (see the module's docstring). Sync and async."""
 
     sync_capable = True
     async_capable = True
@@ -214,25 +240,25 @@ class ApiErrorMiddleware:
 
     def _refuse_early(self, request: HttpRequest) -> JsonResponse | None:
         """A declared body over the limit is refused before anything reads it."""
-        if not is_api(request):
+        if not answers_json(request):
             return None
         length = _declared_length(request)
         if length is None:
-            return error_response(400, "Content-Length", "must be a number of bytes")
+            return _error(request, 400, "Content-Length", "must be a number of bytes")
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
-            return too_large()
+            return too_large(request)
         return None
 
     def process_exception(self, request: HttpRequest, exception: Exception):
-        if not is_api(request):
+        if not answers_json(request):
             return None
         return exception_response(request, exception)
 
     def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
         if (
             response.status_code < 400
-            or not is_api(request)
+            or not answers_json(request)
             or response.get("Content-Type", "").startswith("application/json")
         ):
             return response
@@ -249,40 +275,40 @@ def api_error_for_status(request: HttpRequest, status: int) -> JsonResponse:
     if status == 500:
         return internal_error(request, sys.exc_info())
     if status == 413:
-        return too_large()
+        return too_large(request)
     message = STATUS_MESSAGES.get(status)
     if message is None:
         message = HttpResponse(status=status).reason_phrase.lower()
-    return error_response(status, None, message)
+    return _error(request, status, None, message)
 
 
 # --------------------------------------------------------------------------- handlers
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if is_api(request):
+    if answers_json(request):
         if isinstance(exception, RequestDataTooBig):
-            return too_large()
-        return error_response(400, None, STATUS_MESSAGES[400])
+            return too_large(request)
+        return _error(request, 400, None, STATUS_MESSAGES[400])
     return defaults.bad_request(request, exception)
 
 
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if is_api(request):
-        return error_response(403, None, _readable(exception) or STATUS_MESSAGES[403])
+    if answers_json(request):
+        return _error(request, 403, None, _readable(exception) or STATUS_MESSAGES[403])
     return defaults.permission_denied(request, exception)
 
 
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if is_api(request):
+    if answers_json(request):
         # A Resolver404's text is the URL patterns tried: not for the client.
         readable = _readable(exception) if type(exception) is Http404 else ""
-        return error_response(404, None, readable or STATUS_MESSAGES[404])
+        return _error(request, 404, None, readable or STATUS_MESSAGES[404])
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    if is_api(request):
+    if answers_json(request):
         return internal_error(request, sys.exc_info())
     return defaults.server_error(request)
 

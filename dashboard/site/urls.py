@@ -1,4 +1,4 @@
-"""The URL root: the pages, the API, sign-in and Django's admin."""
+"""The URL root: the pages, the API, the OpenAI-compatible door, sign-in and Django's admin."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -7,6 +7,7 @@ from django.templatetags.static import static
 from django.urls import path
 
 from dashboard.api.urls import api_patterns
+from dashboard.openai.urls import openai_patterns
 from dashboard.pages.urls import page_patterns
 from dashboard.site import permissions
 
@@ -34,6 +35,7 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     *api_patterns,
+    *openai_patterns,
 ]
 
 # Errors under /api/ answer JSON; elsewhere Django's plain pages (dashboard/site/errors.py).

@@ -9,7 +9,8 @@ reads, stores or returns a key. The variable must be one a key may live in
 carries no credentials and obeys the outbound rules (``GOVERNANCE_OUTBOUND_ALLOW``):
 the worker sends the key there. Both are judged when they are given; a row
 stored before is judged again at call time, where the worker sends nothing
-it refuses. Each change is audited with the fields it changed.
+it refuses. Each change is audited with the fields it changed. A provider id
+is never a route's name (``services.routes.require_free_name``).
 
 A script kind's script is checked by its adapter's ``check_script`` in the
 caller (``tasks/`` is above this layer); here it only has to be an object.
@@ -36,6 +37,7 @@ from governance.rules.secrets import ENV_NAME
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
 from governance.services.outbound import require_http_url, require_outbound_url
+from governance.services.routes import require_free_name
 from governance.services.secrets import require_key_env, require_url_without_credentials
 
 PROVIDER_ID = re.compile(r"[-a-zA-Z0-9_]{1,64}")
@@ -265,6 +267,8 @@ def create_provider(
     values["failure_threshold"] = int(values["failure_threshold"])
     try:
         with transaction.atomic():
+            # A provider id is never a route's name: the door's ``model`` names either.
+            require_free_name(provider_id, for_a="provider", field="provider_id")
             provider = Provider.objects.create(provider_id=provider_id, **values)
             audit(
                 actor=by,

@@ -26,6 +26,7 @@ from governance.services import tool_servers
 from governance.services.audit import audit
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.outbound import require_outbound_url
+from governance.services.routes import check_provider_chain
 
 
 def _session_id(thread: Thread, generation: int) -> str:
@@ -45,17 +46,7 @@ def create_thread(
     user=None,
 ) -> Thread:
     """A thread with its first session and segment 1 (R1.2)."""
-    chain = list(provider_chain or [])
-    if not chain or not all(isinstance(p, str) and p for p in chain):
-        raise ServiceError("provider_chain", "list at least one provider id")
-    if len(set(chain)) != len(chain):
-        raise ServiceError("provider_chain", "a provider appears twice")
-    known = set(
-        Provider.objects.filter(provider_id__in=chain).values_list("provider_id", flat=True)
-    )
-    missing = [p for p in chain if p not in known]
-    if missing:
-        raise ServiceError("provider_chain", f"unknown provider(s): {', '.join(missing)}")
+    chain = check_provider_chain(list(provider_chain or []))
     if problem := tool_servers.surface_problem(list(tool_surface)):
         raise ServiceError("tool_surface", problem)
     # The worker will POST here: no loopback, private or metadata address (checked again at send).

@@ -30,7 +30,7 @@ from dashboard.api.urls import api_patterns
 from dashboard.site import errors
 from dashboard.site.urls import urlpatterns
 from governance import services, time_source
-from governance.models import ApiToken, Provider, Run, Thread, ToolServer
+from governance.models import ApiToken, Provider, Route, Run, Thread, ToolServer
 from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from governance.services.tokens import token_digest
 from tests import facts as written
@@ -60,6 +60,8 @@ ENDPOINTS = {
     "api-notification-ack": ("POST", False, True),
     "api-providers": ("GET, POST", True, True),
     "api-provider": ("GET, PATCH", True, True),
+    "api-routes": ("GET, POST", True, True),
+    "api-route": ("GET, PATCH", True, True),
     "api-segment-detail": ("GET", False, True),
     "api-tools": ("GET, POST", True, True),
     "api-tool": ("GET, PATCH", True, True),
@@ -130,6 +132,11 @@ def user(django_user_model):
 def thread(user):
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model")
     ToolServer.objects.create(name="files", kind="mcp", url="http://127.0.0.1:9/mcp")
+    # A route of the tool's name: one ``name`` fills both addresses (api_urls).
+    Route.objects.create(
+        name="files", provider_chain=["p"], created_at=time_source.now(),
+        updated_at=time_source.now(),
+    )  # fmt: skip
     return services.create_thread(provider_chain=["p"], title="t", user=user, now=time_source.now())
 
 

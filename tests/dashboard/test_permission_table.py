@@ -21,6 +21,7 @@ from governance.models import (
     BodyChunk,
     Notification,
     Provider,
+    Route,
     Run,
     Segment,
     Thread,
@@ -165,6 +166,8 @@ API_WRITES = {
     "ack notification": needs("acknowledge_notification"),
     "add provider": needs("change_provider"),
     "change provider": needs("change_provider"),
+    "add route": needs("change_provider"),
+    "change route": needs("change_provider"),
     "add tool": needs("change_toolserver"),
     "change tool": needs("change_toolserver"),
 }
@@ -214,10 +217,11 @@ def make_actor(django_user_model, actor: str):
 
 def make_world(user, someone) -> World:
     """A thread and a run of the actor's and of someone else's (each with a
-    committed chunk), a notification on the actor's segment, a provider and a
+    committed chunk), a notification on the actor's segment, a provider, a route and a
     registry tool."""
     now = time_source.now()
     Provider.objects.create(provider_id="p", kind="scripted", model="p-model", script={})
+    Route.objects.create(name="r", provider_chain=["p"], created_at=now, updated_at=now)
     ToolServer.objects.create(
         name="weather", kind="http", url="http://127.0.0.1:9/weather", method="GET",
         description="Weather", parameters={"type": "object"}, effect="read_only",
@@ -244,6 +248,7 @@ def written() -> tuple:
         AuditEntry.objects.count(),
         ApiToken.objects.count(),
         sorted(Provider.objects.values_list("provider_id", "enabled", "updated_at", "currency")),
+        sorted(Route.objects.values_list("name", "enabled", "updated_at")),
         sorted(ToolServer.objects.values_list("name", "enabled")),
         list(Notification.objects.values_list("acked_at", flat=True)),
         sorted(Run.objects.values_list("id", "cancel_requested_at")),
@@ -278,6 +283,8 @@ def api_request(client, world: World, action: str):
             {"provider_id": "p2", "kind": "scripted", "model": "m", "script": {}},
         ),
         "change provider": ("PATCH", "/api/v1/providers/p", {"enabled": False}),
+        "add route": ("POST", "/api/v1/routes", {"name": "r2", "provider_chain": ["p"]}),
+        "change route": ("PATCH", "/api/v1/routes/r", {"enabled": False}),
         "add tool": (
             "POST", "/api/v1/tools",
             {"name": "news", "kind": "http", "url": "http://127.0.0.1:9/news", "method": "GET",

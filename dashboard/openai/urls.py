@@ -1,0 +1,9 @@
+"""The OpenAI-compatible door's addresses under ``/v1/``."""
+
+from django.urls import path
+
+from dashboard.openai import models
+
+openai_patterns = [
+    path("v1/models", models.list_models, name="openai-models"),
+]
