@@ -1,4 +1,5 @@
-"""Routes as a fact: the service owns every write, audits it, refuses bad
+"""Routes as a fact (configuration the API, the command and the door read, not
+a rule of docs/rules.md): the service owns every write, audits it, refuses bad
 input naming the field (writing nothing), and keeps route names and provider
 ids one namespace, both ways."""
 
