@@ -248,9 +248,10 @@ DASHBOARD_FORBIDDEN = {
     "pages": ("dashboard.api", "dashboard.openai", "dashboard.management"),
     "site": ("dashboard.api", "dashboard.openai", "dashboard.pages"),
 }
-# The door authenticates with the API's tokens (dashboard.api.base), in its own shapes.
+# The door authenticates with the API's tokens (dashboard.api.base), in its own
+# shapes, and answers at a run's settlement as ``?wait=`` does (one wait, not two).
 DASHBOARD_ALLOWED = {
-    "openai": {"dashboard.api.base"},
+    "openai": {"dashboard.api.base", "dashboard.api.waits"},
     "pages": {"dashboard.api.base", "dashboard.api.openapi"},
     "site": {
         "dashboard.api.base",
