@@ -13,31 +13,37 @@ conversation without a session id by its messages' prefix.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 
 import pydantic_core
 from django.core.handlers.asgi import ASGIRequest
+from django.db import connection as db_connection
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import ValidationError
 
+import dashboard.api.events as events
 import dashboard.api.waits as run_waits
 from dashboard.api.base import ApiError, authenticate
 from dashboard.openai.errors import method_not_allowed, openai_error
 from dashboard.openai.schemas import ChatCompletionRequest
 from dashboard.queries.run_detail import RunFacts, run_facts
 from dashboard.site import permissions
+from dashboard.site.loop_db import off_loop
 from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import Provider, Route, Run
 from governance.rules.cost import usage_tokens
 from governance.rules.refusal import refusal_answer_text
-from governance.services import conversations
+from governance.services import conversations, stream
 from governance.services.admission import Overloaded
 from governance.services.broker import publish
 from governance.services.refusals import reprobe_delays, segment_refusals
@@ -85,6 +91,9 @@ def chat_completions(request: HttpRequest) -> HttpResponse:
         response = openai_error(429, exc.message, code="overloaded")
         response["Retry-After"] = str(exc.retry_after_s)
         return response
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream(request, run, segment_key, include_usage)
     return _answer_when_settled(request, run, segment_key)
 
 
@@ -103,10 +112,6 @@ def _parse(request: HttpRequest) -> ChatCompletionRequest:
         param = loc[0] if loc else None
         message = error["msg"].removeprefix("Value error, ")
         raise DoorError(400, f"{'.'.join(loc)}: {message}" if loc else message, param) from None
-    if body.stream:
-        raise DoorError(
-            400, "streaming is not offered by the door yet: send stream false", "stream"
-        )
     return body
 
 
@@ -195,6 +200,10 @@ def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpRes
     )
     response = WaitedAnswer(body, content_type="application/json")
     response["Cache-Control"] = "no-store"
+    return _with_run_headers(response, request, run, segment_key)
+
+
+def _with_run_headers(response: HttpResponse, request: HttpRequest, run, segment_key: str):
     response["X-Governance-Run-Id"] = str(run.id)
     response["X-Governance-Thread-Id"] = str(run.thread_id)
     response["X-Governance-Segment"] = segment_key
@@ -202,6 +211,82 @@ def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpRes
         reverse("run", kwargs={"run_id": run.id})
     )
     return response
+
+
+# --------------------------------------------------------------------------- stream: true
+
+
+def _stream(request: HttpRequest, run, segment_key: str, include_usage: bool) -> HttpResponse:
+    """``chat.completion.chunk`` events as the run's chunks commit, read as the
+    run stream reads them (``dashboard.api.events``): the owner's stream
+    records delivery evidence (R7.2), and a disconnect detaches it; the run
+    still settles (R7.1). A re-versioned chunk cannot be taken back in
+    OpenAI's stream: its text is sent as it comes."""
+    connection_id = uuid.uuid4().hex
+    stream.connect_viewer(run, connection_id=connection_id, last_event_id=0, now=time_source.now())
+    if isinstance(request, ASGIRequest):
+        # The request's own thread would otherwise hold a database connection
+        # for the stream's whole life (as the run stream does).
+        db_connection.close()
+        body = _achunks(run, connection_id, include_usage)
+    else:
+        body = _sync_chunks(run, connection_id, include_usage)
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return _with_run_headers(response, request, run, segment_key)
+
+
+def _chunk(run, delta: dict | None, finish_reason: str | None = None, **extra) -> bytes:
+    """One ``chat.completion.chunk`` event; ``delta`` None: no choices (the usage chunk)."""
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    data = {
+        "id": f"chatcmpl-{run.id}",
+        "object": "chat.completion.chunk",
+        "created": int(run.created_at.timestamp()),
+        "model": run.segment.model,
+        "choices": [] if delta is None else [choice],
+        **extra,
+    }
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _deltas(run, batch) -> bytes:
+    texts = [m.get("text") for _id, kind, m in batch if kind == "chunk"]
+    sent = b"".join(_chunk(run, {"content": text}) for text in texts if text)
+    # Something for every batch: the batch counts as sent once it is written.
+    return sent or events.KEEPALIVE
+
+
+def _tail(run, include_usage: bool) -> bytes:
+    """The final chunk (finish reason, refusal), the usage chunk if asked, [DONE]."""
+    facts = run_facts(run.id)
+    answer = completion(facts) if facts is not None else None
+    if answer is None:
+        return b"data: [DONE]\n\n"
+    choice = answer["choices"][0]
+    refusal = choice["message"]["refusal"]
+    out = _chunk(run, {"refusal": refusal} if refusal else {}, choice["finish_reason"])
+    if include_usage:
+        # OpenAI's usage chunk: no choices, the whole run's usage.
+        out += _chunk(run, None, usage=answer["usage"])
+    return out + b"data: [DONE]\n\n"
+
+
+def _sync_chunks(run, connection_id: str, include_usage: bool) -> Iterator[bytes]:
+    yield _chunk(run, {"role": "assistant", "content": ""})
+    with contextlib.closing(events.event_batches_sync(run.id, 0, connection_id)) as batches:
+        for batch in batches:
+            yield _deltas(run, batch)
+    yield _tail(run, include_usage)
+
+
+async def _achunks(run, connection_id: str, include_usage: bool) -> AsyncIterator[bytes]:
+    yield _chunk(run, {"role": "assistant", "content": ""})
+    async with contextlib.aclosing(events.event_batches(run.id, 0, connection_id)) as batches:
+        async for batch in batches:
+            yield _deltas(run, batch)
+    yield await off_loop(_tail)(run, include_usage)
 
 
 def _not_found_body() -> bytes:

@@ -204,3 +204,109 @@ def test_a_repeated_idempotency_key_answers_the_first_run(live_server, worker, d
     first = client.chat.completions.create(model="chat", messages=messages)
     again = client.chat.completions.create(model="chat", messages=messages)
     assert again.id == first.id and Run.objects.count() == 1
+
+
+def test_a_streamed_completion_sends_the_runs_chunks_then_done(live_server, worker, door):
+    client = sdk(live_server)
+    with client.chat.completions.with_streaming_response.create(
+        model="chat", messages=[{"role": "user", "content": "stream me"}], stream=True,
+        stream_options={"include_usage": True},
+    ) as raw:  # fmt: skip
+        run = Run.objects.get()
+        assert raw.headers["X-Governance-Run-Id"] == str(run.id)
+        lines = [line for line in raw.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(c["id"] == f"chatcmpl-{run.id}" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "Echo: stream me"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 7
+    # The owner's stream is delivery evidence (R7.2): its chunks were sent.
+    assert run.chunks.exists() and not run.chunks.filter(sent_at__isnull=True).exists()
+
+
+def test_the_sdk_reassembles_a_streamed_answer(live_server, worker, door):
+    parts = sdk(live_server).chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "again"}], stream=True
+    )
+    pieces = list(parts)
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: again"
+    assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_changed_system_prompt_is_a_prompt_change_boundary(live_server, worker, door):
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-4"})
+    said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "one"}]
+    answer = client.chat.completions.create(model="chat", messages=said)
+    said[0] = {"role": "system", "content": "Be thorough."}
+    said += [{"role": "assistant", "content": answer.choices[0].message.content},
+             {"role": "user", "content": "two"}]  # fmt: skip
+    client.chat.completions.create(model="chat", messages=said)
+    first, second = Segment.objects.order_by("opened_at", "id")
+    assert (first.closed_kind, first.closed_by) == ("prompt_change", "openai-door")
+    assert first.session_id == second.session_id and second.system_prompt == "Be thorough."
+    assert LoopbackProvider.requests[-1]["messages"][0] == {
+        "role": "system", "content": "Be thorough.",
+    }  # fmt: skip
+
+
+def test_bad_input_names_its_param_and_writes_nothing(live_server, door):
+    client = sdk(live_server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "assistant", "content": "hi"}]
+        )
+    assert refused.value.body["param"] == "messages"
+    assert refused.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="chat", messages=[])
+    assert refused.value.body["param"] == "messages"
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+@pytest.fixture
+def asgi_server():
+    """``dashboard.site.asgi`` under a real uvicorn in this process (the
+    deployment's entry): the wait hears the settlement, the stream is async."""
+    import asyncio
+    import socket
+    import time
+
+    import uvicorn
+    from django.db import connections
+
+    from dashboard.site.asgi import application
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="error")
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    connections.close_all()
+
+
+def test_the_door_under_asgi_answers_and_streams(asgi_server, worker, door):
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    answer = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "asgi"}]
+    )
+    assert answer.choices[0].message.content == "Echo: asgi"
+    pieces = list(
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "flow"}], stream=True
+        )
+    )
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: flow"
+    assert pieces[-1].choices[0].finish_reason == "stop"
