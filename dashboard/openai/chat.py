@@ -1,14 +1,14 @@
 """``POST /v1/chat/completions``: an OpenAI client's request is one run of
 one model turn on a thread of the token's user, through the same stage path
 as every run (``services.submit_run`` and ``publish``), answered in OpenAI's
-shape when the run settles (``dashboard.api.waits``).
+shape when the run settles (``dashboard.api.waits``), or streamed as its
+chunks commit (``stream: true``, read as the run stream reads its events).
 
 The conversation is the thread named by ``X-Session-Id`` (or
 ``metadata.session_id``), found and brought in line with the client's
 history by ``services.conversations``. What is not done yet: client tools
-(a request with ``tools`` is refused, not stripped), streaming
-(``stream: true`` is refused with ``param: "stream"``), finding a
-conversation without a session id by its messages' prefix.
+(a request with ``tools`` is refused, not stripped), finding a conversation
+without a session id by its messages' prefix, changing a session's route.
 """
 
 from __future__ import annotations
