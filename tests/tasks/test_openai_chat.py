@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
@@ -28,10 +29,13 @@ class LoopbackProvider(BaseHTTPRequestHandler):
     carrying the trigger word."""
 
     requests: list[dict] = []  # noqa: RUF012 (reset per test)
+    gate: threading.Event | None = None  # set: a request saying "wait" is answered
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
+        if "wait" in json.dumps(body["messages"]) and type(self).gate is not None:
+            type(self).gate.wait(30)
         last_user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
         if TRIGGER in json.dumps(body["messages"]):
             chunks = [{"choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}]}]
@@ -55,7 +59,7 @@ class LoopbackProvider(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def provider_server():
-    LoopbackProvider.requests = []
+    LoopbackProvider.requests, LoopbackProvider.gate = [], None
     server = ThreadingHTTPServer(("127.0.0.1", 0), LoopbackProvider)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -272,7 +276,6 @@ def asgi_server():
     deployment's entry): the wait hears the settlement, the stream is async."""
     import asyncio
     import socket
-    import time
 
     import uvicorn
     from django.db import connections
@@ -310,3 +313,59 @@ def test_the_door_under_asgi_answers_and_streams(asgi_server, worker, door):
     )
     assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: flow"
     assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_backed_up_turns_queue_is_a_rate_limit_with_retry_after(
+    live_server, door, settings, monkeypatch
+):
+    from governance.services import admission
+    from governance.services.broker import QueueState
+
+    settings.GOVERNANCE_ADMISSION_MAX_QUEUED = 2
+    monkeypatch.setattr(admission, "turns_queue", lambda: QueueState("turns", 9, 0.0))
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk(live_server).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert int(refused.value.response.headers["Retry-After"]) >= 1
+    assert "not admitted now" in refused.value.body["message"]
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+def test_a_session_keeps_its_route(live_server, worker, door):
+    Provider.objects.create(provider_id="other", kind="scripted", model="o", script={})
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-5"})
+    said = [{"role": "user", "content": "one"}]
+    answer = client.chat.completions.create(model="chat", messages=said)
+    said += [{"role": "assistant", "content": answer.choices[0].message.content},
+             {"role": "user", "content": "two"}]  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="other", messages=said)
+    assert refused.value.body["param"] == "model"
+    assert Run.objects.count() == 1
+
+
+def test_a_client_that_goes_away_mid_stream_detaches_and_the_run_settles(asgi_server, worker, door):
+    from governance.models import RunViewer
+
+    LoopbackProvider.gate = threading.Event()
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    with client.chat.completions.with_streaming_response.create(
+        model="chat", messages=[{"role": "user", "content": "wait for me"}], stream=True
+    ) as raw:
+        next(raw.iter_lines())  # the role chunk, then the client leaves
+    run = Run.objects.get()
+    until(lambda: RunViewer.objects.filter(run=run, state="detached").exists())
+    run.refresh_from_db()
+    assert run.status != Run.Status.SETTLED  # detached while the provider still works
+    LoopbackProvider.gate.set()
+    until(lambda: Run.objects.filter(id=run.id, status=Run.Status.SETTLED).exists())
+    run.refresh_from_db()
+    assert run.settlement.outcome == "completed" and run.cancel_requested_at is None
+
+
+def until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
