@@ -156,7 +156,8 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
         provider_chain=chain,
         system_prompt=system,
         earlier=said[:-1],
-        title=said[-1].content.strip().splitlines()[0][:200],
+        # A new thread is titled by the conversation's first user message.
+        title=next(m for m in said if m.role == "user").content.strip().splitlines()[0][:200],
         now=now,
     )
     thread, segment = conversation.thread, conversation.segment
