@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -49,8 +48,6 @@ from governance.services.broker import publish
 from governance.services.refusals import reprobe_delays, segment_refusals
 from governance.services.stream import run_is_settled
 from tasks import instrumentation as spans
-
-log = logging.getLogger(__name__)
 
 METHODS = ("POST",)
 WAIT_MARGIN_S = 5.0  # past the run's deadline: the watchdog settles it by then
@@ -238,14 +235,18 @@ def _stream(request: HttpRequest, run, segment_key: str, include_usage: bool) ->
     return _with_run_headers(response, request, run, segment_key)
 
 
-def _chunk(run, delta: dict | None, finish_reason: str | None = None, **extra) -> bytes:
-    """One ``chat.completion.chunk`` event; ``delta`` None: no choices (the usage chunk)."""
+def _chunk(
+    run, delta: dict | None, finish_reason: str | None = None, model: str = "", **extra
+) -> bytes:
+    """One ``chat.completion.chunk`` event; ``delta`` None: no choices (the usage
+    chunk). ``model``: the provider's model that answered, once known (the tail);
+    until then the segment's."""
     choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
     data = {
         "id": f"chatcmpl-{run.id}",
         "object": "chat.completion.chunk",
         "created": int(run.created_at.timestamp()),
-        "model": run.segment.model,
+        "model": model or run.segment.model,
         "choices": [] if delta is None else [choice],
         **extra,
     }
@@ -267,10 +268,11 @@ def _tail(run, include_usage: bool) -> bytes:
         return b"data: [DONE]\n\n"
     choice = answer["choices"][0]
     refusal = choice["message"]["refusal"]
-    out = _chunk(run, {"refusal": refusal} if refusal else {}, choice["finish_reason"])
+    model = answer["model"]
+    out = _chunk(run, {"refusal": refusal} if refusal else {}, choice["finish_reason"], model)
     if include_usage:
         # OpenAI's usage chunk: no choices, the whole run's usage.
-        out += _chunk(run, None, usage=answer["usage"])
+        out += _chunk(run, None, model=model, usage=answer["usage"])
     return out + b"data: [DONE]\n\n"
 
 

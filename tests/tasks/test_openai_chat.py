@@ -227,6 +227,7 @@ def test_a_streamed_completion_sends_the_runs_chunks_then_done(live_server, work
     assert text == "Echo: stream me"
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 7
+    assert chunks[-1]["model"] == "echo-1"  # the provider's model that answered
     # The owner's stream is delivery evidence (R7.2): its chunks were sent.
     assert run.chunks.exists() and not run.chunks.filter(sent_at__isnull=True).exists()
 
@@ -369,3 +370,13 @@ def until(condition, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "not reached in time"
         time.sleep(0.05)
+
+
+def test_another_method_is_a_405_in_openais_shape(live_server, door):
+    import httpx
+
+    answer = httpx.get(
+        f"{live_server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 405 and answer.headers["Allow"] == "POST"
+    assert answer.json()["error"]["type"] == "invalid_request_error"
