@@ -8,7 +8,7 @@ The conversation is the thread named by ``X-Session-Id`` (or
 ``metadata.session_id``), found and brought in line with the client's
 history by ``services.conversations``. What is not done yet: client tools
 (a request with ``tools`` is refused, not stripped), finding a conversation
-without a session id by its messages' prefix, changing a session's route.
+without a session id by its messages' prefix.
 """
 
 from __future__ import annotations

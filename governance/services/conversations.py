@@ -10,7 +10,8 @@ history (R1.1). A request that extends it by exactly one user message is the
 next turn. One that changed or dropped earlier messages opens a new session
 (a fresh start by "openai-door", its reason saying where the histories
 diverged) whose accepted history is the client's; one whose system prompt
-changed is a prompt change (a new segment, R1.3).
+changed is a prompt change, one naming another route or provider a model
+switch (each a new segment, R1.3).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from governance.models import Segment, Thread
-from governance.services.errors import ServiceError
+from governance.models import Provider, Segment, Thread
 from governance.services.threads import (
     append_history,
     apply_boundary,
@@ -94,13 +94,23 @@ def conversation_for_turn(
             segment = open_segment(thread)
             _accept(segment, earlier, now)
             return Conversation(thread, segment, created=True)
+        segment = open_segment(thread)
         if list(thread.provider_chain) != list(provider_chain):
-            # A thread's chain is fixed at its creation; no boundary changes it yet.
-            raise ServiceError(
-                "model",
-                "this session's thread runs on another provider chain; "
-                "start a new session to use this model",
+            # Another route or provider: a model switch (R1.3), whose segment
+            # starts with no refusal state of the old chain's.
+            first = Provider.objects.only("model").get(provider_id=provider_chain[0])
+            apply_boundary(
+                thread,
+                "model_switch",
+                by=DOOR,
+                reason="the client's model names another provider chain: "
+                + ", ".join(provider_chain),
+                now=now,
+                model=first.model,
+                provider_chain=provider_chain,
+                expected_segment=segment,
             )
+            thread.provider_chain = list(provider_chain)
         segment = open_segment(thread)
         if segment.system_prompt != system_prompt:
             segment, _ = apply_boundary(

@@ -333,17 +333,27 @@ def test_a_backed_up_turns_queue_is_a_rate_limit_with_retry_after(
     assert not Thread.objects.exists() and not Run.objects.exists()
 
 
-def test_a_session_keeps_its_route(live_server, worker, door):
-    Provider.objects.create(provider_id="other", kind="scripted", model="o", script={})
+def test_a_session_that_names_another_model_is_a_model_switch(
+    live_server, worker, door, provider_server
+):
+    Provider.objects.create(
+        provider_id="echo2", kind="openai", model="echo-2", base_url=provider_server,
+        api_key_env="GOVERNANCE_KEY_ECHO",
+    )  # fmt: skip
     client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-5"})
     said = [{"role": "user", "content": "one"}]
     answer = client.chat.completions.create(model="chat", messages=said)
     said += [{"role": "assistant", "content": answer.choices[0].message.content},
              {"role": "user", "content": "two"}]  # fmt: skip
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="other", messages=said)
-    assert refused.value.body["param"] == "model"
-    assert Run.objects.count() == 1
+    answer = client.chat.completions.create(model="echo2", messages=said)
+    assert answer.choices[0].message.content == "Echo: two"
+    assert answer.model_extra["governance"]["provider_id"] == "echo2"
+    thread = Thread.objects.get()
+    assert thread.provider_chain == ["echo2"]
+    first, second = Segment.objects.order_by("opened_at", "id")
+    assert (first.closed_kind, first.closed_by) == ("model_switch", "openai-door")
+    assert first.session_id == second.session_id and second.model == "echo-2"
+    assert history(thread)[-2:] == [("user", "two"), ("assistant", "Echo: two")]
 
 
 def test_a_client_that_goes_away_mid_stream_detaches_and_the_run_settles(asgi_server, worker, door):
