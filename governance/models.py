@@ -195,9 +195,19 @@ class Thread(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     created_at = models.DateTimeField()  # from governance.time_source, like every other fact
+    # The OpenAI-compatible door's conversation: the client's session id
+    # (``X-Session-Id``), unique per owner; None for threads made otherwise.
+    # NULL, not "": threads without a key never collide under the unique constraint.
+    client_session_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            # Also the index the door finds a conversation by (owner, key).
+            models.UniqueConstraint(
+                fields=["created_by", "client_session_key"], name="thread_client_session"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.id)

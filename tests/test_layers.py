@@ -248,9 +248,11 @@ DASHBOARD_FORBIDDEN = {
     "pages": ("dashboard.api", "dashboard.openai", "dashboard.management"),
     "site": ("dashboard.api", "dashboard.openai", "dashboard.pages"),
 }
-# The door authenticates with the API's tokens (dashboard.api.base), in its own shapes.
+# The door authenticates with the API's tokens (dashboard.api.base), in its own
+# shapes, answers at a run's settlement as ``?wait=`` does and streams a run's
+# events as the run stream reads them (one wait and one reading, not two).
 DASHBOARD_ALLOWED = {
-    "openai": {"dashboard.api.base"},
+    "openai": {"dashboard.api.base", "dashboard.api.waits", "dashboard.api.events"},
     "pages": {"dashboard.api.base", "dashboard.api.openapi"},
     "site": {
         "dashboard.api.base",

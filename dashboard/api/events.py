@@ -49,6 +49,7 @@ from governance.services import stream as stream
 POLL_S = 0.5  # how often new events are looked for
 KEEPALIVE_S = 15.0  # a comment line on an idle stream so proxies keep it open
 RETRY_MS = 1000  # the browser's reconnect delay (EventSource ``retry:``)
+KEEPALIVE = b": keep-alive\n\n"
 BATCH = 500  # events per read
 
 # --------------------------------------------------------------------------- auth
@@ -203,15 +204,21 @@ def _hub() -> _Hub:
     return hub
 
 
-async def _aevents(run_id, last_id: int, connection_id: str | None) -> AsyncIterator[bytes]:
+async def event_batches(
+    run_id, last_id: int, connection_id: str | None
+) -> AsyncIterator[list[tuple[int, str, dict]]]:
+    """The run's events in batches as they are written, until the settlement's;
+    an empty batch when a keep-alive is due. Each batch counts as handed to the
+    transport (R7.2 delivery evidence) once the consumer asks for the next: it
+    yields the batch's bytes first. Ends detached (R7.1), never cancelled.
+    Consumers close it (``contextlib.aclosing``) so a disconnect detaches at once."""
     try:
-        yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
         idle_since = time.monotonic()
         settled_empty = 0
         while True:
             events, settled = await off_loop(_read)(run_id, last_id)
             if events:
-                yield b"".join(_frame(*event) for event in events)
+                yield events
                 # Resumed: the previous bytes were handed to the transport.
                 last_id = events[-1][0]
                 await off_loop(_written)(run_id, connection_id, events, time_source.now())
@@ -226,12 +233,19 @@ async def _aevents(run_id, last_id: int, connection_id: str | None) -> AsyncIter
                 if settled_empty >= 2:
                     return
             if time.monotonic() - idle_since >= KEEPALIVE_S:
-                yield b": keep-alive\n\n"
+                yield []
                 idle_since = time.monotonic()
             await _hub().wait(min(POLL_S * 2, KEEPALIVE_S) if settled else KEEPALIVE_S)
     finally:
         # R7.1: the transport went away (or the stream ended): detached, not cancelled.
         await asyncio.shield(off_loop(_detach)(connection_id))
+
+
+async def _aevents(run_id, last_id: int, connection_id: str | None) -> AsyncIterator[bytes]:
+    yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
+    async with contextlib.aclosing(event_batches(run_id, last_id, connection_id)) as batches:
+        async for events in batches:
+            yield b"".join(_frame(*event) for event in events) if events else KEEPALIVE
 
 
 def _detach(connection_id: str | None) -> None:
@@ -243,15 +257,17 @@ def _detach(connection_id: str | None) -> None:
 # --------------------------------------------------------------------------- WSGI path
 
 
-def _sync_events(run_id, last_id: int, connection_id: str | None) -> Iterator[bytes]:
+def event_batches_sync(
+    run_id, last_id: int, connection_id: str | None
+) -> Iterator[list[tuple[int, str, dict]]]:
+    """:func:`event_batches` under a WSGI server: the request's thread polls."""
     try:
-        yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
         idle_since = time.monotonic()
         settled_empty = 0
         while True:
             events, settled = _read(run_id, last_id)
             if events:
-                yield b"".join(_frame(*event) for event in events)
+                yield events
                 last_id = events[-1][0]
                 _written(run_id, connection_id, events, time_source.now())
                 idle_since = time.monotonic()
@@ -263,12 +279,19 @@ def _sync_events(run_id, last_id: int, connection_id: str | None) -> Iterator[by
                 if settled_empty >= 2:
                     return
             if time.monotonic() - idle_since >= KEEPALIVE_S:
-                yield b": keep-alive\n\n"
+                yield []
                 idle_since = time.monotonic()
             close_old_connections()
             time.sleep(POLL_S)
     finally:
         _detach(connection_id)
+
+
+def _sync_events(run_id, last_id: int, connection_id: str | None) -> Iterator[bytes]:
+    yield f"retry: {RETRY_MS}\n: connected\n\n".encode()
+    with contextlib.closing(event_batches_sync(run_id, last_id, connection_id)) as batches:
+        for events in batches:
+            yield b"".join(_frame(*event) for event in events) if events else KEEPALIVE
 
 
 # --------------------------------------------------------------------------- views

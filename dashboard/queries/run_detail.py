@@ -40,7 +40,7 @@ from governance.services.budget import run_budget_view_later
 # (``usage``), not its digest, error text, tool names or Insights columns.
 ATTEMPT_FIELDS = (
     "id", "run", "stage", "segment", "provider", "model", "kind", "started_at", "latency_ms",
-    "result", "failure_class", "refusal_category", "status_code", "usage",
+    "result", "failure_class", "refusal_category", "status_code", "finish_reason", "usage",
 )  # fmt: skip
 # A stage without its payload (what the worker was asked: nothing shows it).
 STAGE_FIELDS = tuple(

@@ -50,6 +50,12 @@ def _tokens(usage: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
     return None
 
 
+def usage_tokens(usage: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(input, output) tokens a provider reported, under whichever key; 0 when unreported."""
+    usage = usage or {}
+    return _tokens(usage, INPUT_KEYS) or 0, _tokens(usage, OUTPUT_KEYS) or 0
+
+
 @dataclass(frozen=True)
 class UsageShape:
     """The billed tokens of one request — or of several whose usage bills the same

@@ -415,6 +415,29 @@ def refusal_notice(
     return notices[0] if notices else None
 
 
+def refusal_answer_text(
+    segment_key: str,
+    refusals: Mapping[str, ProviderRefusal],
+    now: datetime,
+    delays: Sequence[timedelta] = REFUSAL_REPROBE_DELAYS,
+) -> str:
+    """R3.7 in the words of the notices: which providers refused in this
+    segment, whether each is cooling or frozen, and what clears it. What a
+    client is told when its turn settled without an answer because of them
+    (the OpenAI-compatible door's ``message.refusal``)."""
+    if not refusals:
+        return f"No provider answered in segment {segment_key}."
+    ordered = [refusals[pid] for pid in sorted(refusals)]
+    states = "; ".join(
+        f"{r.provider_id}: {_verdict_words(refusal_verdict(r, now, delays), r)}" for r in ordered
+    )
+    return (
+        f"Content refused in segment {segment_key} by "
+        f"{', '.join(r.provider_id for r in ordered)}: {RULE_TEXT} ({states}). "
+        f"A boundary clears it: {BOUNDARY_ACTIONS_TEXT}."
+    )
+
+
 def every_provider_frozen(
     provider_ids: Sequence[str],
     refusals: Mapping[str, ProviderRefusal],

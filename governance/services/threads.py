@@ -140,8 +140,12 @@ def apply_boundary(
     tool_surface: Sequence[str] | None = None,
     system_prompt: str | None = None,
     expected_segment: Segment | None = None,
+    provider_chain: Sequence[str] | None = None,
 ) -> tuple[Segment, bool]:
     """Close the open segment and open the next (R1.2–R1.4, R8.3).
+
+    ``provider_chain``: a model switch's new chain (the thread's from the next
+    segment on; the OpenAI-compatible door's request naming another route).
 
     ``expected_segment``: the segment the operator confirmed on; if another
     boundary closed it meanwhile, ``BoundaryConflict`` instead of acting on a
@@ -156,6 +160,10 @@ def apply_boundary(
         if opened is not None:
             return opened, False
     kind = _checked_boundary(kind, reason, model, tool_surface)
+    if provider_chain is not None:
+        if kind is not segment_rules.BoundaryKind.MODEL_SWITCH:
+            raise ServiceError("provider_chain", "only a model switch changes the provider chain")
+        provider_chain = check_provider_chain(list(provider_chain))
     with transaction.atomic():
         # One boundary at a time per thread: a double click waits here, then
         # finds the first click's boundary by its key.
@@ -192,6 +200,7 @@ def apply_boundary(
             mode=new_config.mode,
             tool_surface=list(new_config.tool_surface),
             system_prompt=new_config.system_prompt,
+            **({"provider_chain": provider_chain} if provider_chain is not None else {}),
         )
         audit(
             actor=by,
@@ -199,7 +208,12 @@ def apply_boundary(
             target_type="segment",
             target_id=current.key,
             reason=reason.strip(),
-            detail={"closed": current.key, "opened": opened.key, "model": new_config.model},
+            detail={
+                "closed": current.key,
+                "opened": opened.key,
+                "model": new_config.model,
+                **({"provider_chain": provider_chain} if provider_chain is not None else {}),
+            },
             now=now,
             idempotency_key=audit_key,
         )

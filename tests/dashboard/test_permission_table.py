@@ -158,6 +158,9 @@ API_WRITES = {
     "create thread": needs("submit_run"),
     "submit run on own thread": needs("submit_run"),
     "submit run on someone's thread": on_someones("submit_run"),
+    # A new thread of the actor's (no session id), its run admitted; the answer
+    # waits for the settlement, which this test does not read.
+    "chat completion (OpenAI door)": needs("submit_run"),
     "force boundary": needs("apply_boundary"),
     "cancel own run": lambda actor: "ok" if as_owner(actor, "cancel_run") else 403,
     "cancel someone's run": someones_run("cancel_run"),
@@ -268,6 +271,10 @@ def api_request(client, world: World, action: str):
         "submit run on own thread": ("POST", f"/api/v1/threads/{t}/runs", {"input": "again"}),
         "submit run on someone's thread": (
             "POST", f"/api/v1/threads/{their_t}/runs", {"input": "again"},
+        ),
+        "chat completion (OpenAI door)": (
+            "POST", "/v1/chat/completions",
+            {"model": "r", "messages": [{"role": "user", "content": "hi"}]},
         ),
         "force boundary": (
             "POST", f"/api/v1/threads/{t}/boundaries",

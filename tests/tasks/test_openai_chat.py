@@ -1,0 +1,392 @@
+"""``POST /v1/chat/completions`` called by OpenAI's own Python SDK against the
+live server, each request one run through the real Celery worker, the
+providers real OpenAI-compatible HTTP servers on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+import pytest
+
+from governance import time_source
+from governance.models import ApiToken, HistoryItem, Provider, Run, Segment, Thread
+from governance.services import routes as route_services
+from governance.services.tokens import token_digest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "door-chat-token-" + "c" * 24
+TRIGGER = "FORBIDDEN-WORD"
+
+
+class LoopbackProvider(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat-completions server: answers with the last user
+    message echoed in two chunks, refuses (``content_filter``) any request
+    carrying the trigger word."""
+
+    requests: list[dict] = []  # noqa: RUF012 (reset per test)
+    gate: threading.Event | None = None  # set: a request saying "wait" is answered
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        if "wait" in json.dumps(body["messages"]) and type(self).gate is not None:
+            type(self).gate.wait(30)
+        last_user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        if TRIGGER in json.dumps(body["messages"]):
+            chunks = [{"choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}]}]
+        else:
+            chunks = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Echo: "}}]},
+                {"choices": [{"index": 0, "delta": {"content": last_user}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+            ]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for chunk in chunks:
+            self.wfile.write(f"data: {json.dumps({'model': 'echo-1', **chunk})}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def provider_server():
+    LoopbackProvider.requests, LoopbackProvider.gate = [], None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LoopbackProvider)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def door(provider_server, make_user, monkeypatch):
+    """A provider ``echo`` behind the route ``chat``; a client's token."""
+    monkeypatch.setenv("GOVERNANCE_KEY_ECHO", "unused-key")
+    Provider.objects.create(
+        provider_id="echo", kind="openai", model="echo-1", base_url=provider_server,
+        api_key_env="GOVERNANCE_KEY_ECHO",
+    )  # fmt: skip
+    route_services.create_route(
+        name="chat", provider_chain=["echo"], by="tests", now=time_source.now()
+    )
+    user = make_user("door-client", "agent-client")
+    ApiToken.objects.create(user=user, name="door", key_digest=token_digest(TOKEN))
+    return user
+
+
+def sdk(live_server, api_key: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{live_server.url}/v1", api_key=api_key, max_retries=0, timeout=60
+    )
+
+
+def history(thread: Thread) -> list[tuple[str, str]]:
+    segment = Segment.objects.get(thread=thread, closed_at__isnull=True)
+    return list(
+        HistoryItem.objects.filter(session=segment.session)
+        .order_by("seq")
+        .values_list("role", "content")
+    )
+
+
+def test_a_plain_completion_is_one_governed_run(live_server, worker, door):
+    raw = sdk(live_server).chat.completions.with_raw_response.create(
+        model="chat",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        temperature=0.2,
+    )
+    answer = raw.parse()
+    run = Run.objects.get()
+    assert answer.id == f"chatcmpl-{run.id}"
+    assert answer.object == "chat.completion"
+    assert answer.model == "echo-1"
+    assert answer.choices[0].message.content == "Echo: hi"
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.prompt_tokens == 7 and answer.usage.completion_tokens == 3
+    assert raw.headers["X-Governance-Run-Id"] == str(run.id)
+    assert raw.headers["X-Governance-Thread-Id"] == str(run.thread_id)
+    assert raw.headers["X-Governance-Segment"] == run.segment.key
+    assert raw.headers["X-Governance-Run-Url"].endswith(f"/runs/{run.id}/")
+    assert run.owner == door and run.thread.created_by == door
+    assert run.thread.system_prompt == "Be brief." and run.thread.title == "hi"
+    sent = LoopbackProvider.requests[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_a_conversation_with_a_session_id_is_one_thread(live_server, worker, door):
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-1"})
+    said = [{"role": "user", "content": "one"}]
+    for text in ("two", "three", None):
+        answer = client.chat.completions.create(model="chat", messages=said)
+        said.append({"role": "assistant", "content": answer.choices[0].message.content})
+        if text:
+            said.append({"role": "user", "content": text})
+    thread = Thread.objects.get()
+    assert thread.client_session_key == "conv-1"
+    assert Run.objects.filter(thread=thread).count() == 3
+    assert history(thread) == [(m["role"], m["content"]) for m in said]
+    assert Segment.objects.filter(thread=thread).count() == 1
+    # The provider was sent the accepted history, not the client's copy.
+    assert LoopbackProvider.requests[-1]["messages"][-1] == {"role": "user", "content": "three"}
+
+
+def test_an_edited_history_opens_a_new_session_from_the_clients_messages(live_server, worker, door):
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-2"})
+    client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "one"}])
+    edited = [
+        {"role": "user", "content": "one, edited"},
+        {"role": "assistant", "content": "Echo: one"},
+        {"role": "user", "content": "two"},
+    ]
+    answer = client.chat.completions.create(model="chat", messages=edited)
+    assert answer.choices[0].message.content == "Echo: two"
+    thread = Thread.objects.get()
+    first, second = Segment.objects.filter(thread=thread).order_by("opened_at", "id")
+    assert first.session_id != second.session_id
+    assert (first.closed_kind, first.closed_by) == ("fresh_start", "openai-door")
+    assert first.close_reason == "the client's history diverged at message 1"
+    assert history(thread) == [(m["role"], m["content"]) for m in edited] + [
+        ("assistant", "Echo: two")
+    ]
+
+
+def test_an_unknown_model_is_not_found_and_writes_nothing(live_server, door):
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk(live_server).chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.body["code"] == "model_not_found"
+    assert refused.value.body["param"] == "model"
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+def test_client_tools_are_refused_by_name_not_dropped(live_server, door):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(live_server).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], tools=[tool]
+        )
+    assert refused.value.body["param"] == "tools"
+    assert "client tools are not governed by the door yet" in refused.value.body["message"]
+    assert not Thread.objects.exists()
+
+
+def test_a_bad_token_is_an_authentication_error(live_server, door):
+    with pytest.raises(openai.AuthenticationError):
+        sdk(live_server, "not-a-token").chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+
+
+def test_a_refusal_of_the_only_provider_is_a_content_filter_naming_it(live_server, worker, door):
+    answer = sdk(live_server).chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": f"say {TRIGGER}"}]
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "content_filter"
+    assert choice.message.content == ""
+    assert "by echo" in choice.message.refusal
+    assert "echo: cooling until" in choice.message.refusal
+    assert "compact, fresh start or switch model" in choice.message.refusal
+
+
+def test_a_repeated_idempotency_key_answers_the_first_run(live_server, worker, door):
+    client = sdk(live_server).with_options(
+        default_headers={"X-Session-Id": "conv-3", "Idempotency-Key": "k-1"}
+    )
+    messages = [{"role": "user", "content": "once"}]
+    first = client.chat.completions.create(model="chat", messages=messages)
+    again = client.chat.completions.create(model="chat", messages=messages)
+    assert again.id == first.id and Run.objects.count() == 1
+
+
+def test_a_streamed_completion_sends_the_runs_chunks_then_done(live_server, worker, door):
+    client = sdk(live_server)
+    with client.chat.completions.with_streaming_response.create(
+        model="chat", messages=[{"role": "user", "content": "stream me"}], stream=True,
+        stream_options={"include_usage": True},
+    ) as raw:  # fmt: skip
+        run = Run.objects.get()
+        assert raw.headers["X-Governance-Run-Id"] == str(run.id)
+        lines = [line for line in raw.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(c["id"] == f"chatcmpl-{run.id}" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "Echo: stream me"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 7
+    assert chunks[-1]["model"] == "echo-1"  # the provider's model that answered
+    # The owner's stream is delivery evidence (R7.2): its chunks were sent.
+    assert run.chunks.exists() and not run.chunks.filter(sent_at__isnull=True).exists()
+
+
+def test_the_sdk_reassembles_a_streamed_answer(live_server, worker, door):
+    parts = sdk(live_server).chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "again"}], stream=True
+    )
+    pieces = list(parts)
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: again"
+    assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_changed_system_prompt_is_a_prompt_change_boundary(live_server, worker, door):
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-4"})
+    said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "one"}]
+    answer = client.chat.completions.create(model="chat", messages=said)
+    said[0] = {"role": "system", "content": "Be thorough."}
+    said += [{"role": "assistant", "content": answer.choices[0].message.content},
+             {"role": "user", "content": "two"}]  # fmt: skip
+    client.chat.completions.create(model="chat", messages=said)
+    first, second = Segment.objects.order_by("opened_at", "id")
+    assert (first.closed_kind, first.closed_by) == ("prompt_change", "openai-door")
+    assert first.session_id == second.session_id and second.system_prompt == "Be thorough."
+    assert LoopbackProvider.requests[-1]["messages"][0] == {
+        "role": "system", "content": "Be thorough.",
+    }  # fmt: skip
+
+
+def test_bad_input_names_its_param_and_writes_nothing(live_server, door):
+    client = sdk(live_server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "assistant", "content": "hi"}]
+        )
+    assert refused.value.body["param"] == "messages"
+    assert refused.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="chat", messages=[])
+    assert refused.value.body["param"] == "messages"
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+@pytest.fixture
+def asgi_server():
+    """``dashboard.site.asgi`` under a real uvicorn in this process (the
+    deployment's entry): the wait hears the settlement, the stream is async."""
+    import asyncio
+    import socket
+
+    import uvicorn
+    from django.db import connections
+
+    from dashboard.site.asgi import application
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="error")
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    connections.close_all()
+
+
+def test_the_door_under_asgi_answers_and_streams(asgi_server, worker, door):
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    answer = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "asgi"}]
+    )
+    assert answer.choices[0].message.content == "Echo: asgi"
+    pieces = list(
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "flow"}], stream=True
+        )
+    )
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: flow"
+    assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_backed_up_turns_queue_is_a_rate_limit_with_retry_after(
+    live_server, door, settings, monkeypatch
+):
+    from governance.services import admission
+    from governance.services.broker import QueueState
+
+    settings.GOVERNANCE_ADMISSION_MAX_QUEUED = 2
+    monkeypatch.setattr(admission, "turns_queue", lambda: QueueState("turns", 9, 0.0))
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk(live_server).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert int(refused.value.response.headers["Retry-After"]) >= 1
+    assert "not admitted now" in refused.value.body["message"]
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+def test_a_session_that_names_another_model_is_a_model_switch(
+    live_server, worker, door, provider_server
+):
+    Provider.objects.create(
+        provider_id="echo2", kind="openai", model="echo-2", base_url=provider_server,
+        api_key_env="GOVERNANCE_KEY_ECHO",
+    )  # fmt: skip
+    client = sdk(live_server).with_options(default_headers={"X-Session-Id": "conv-5"})
+    said = [{"role": "user", "content": "one"}]
+    answer = client.chat.completions.create(model="chat", messages=said)
+    said += [{"role": "assistant", "content": answer.choices[0].message.content},
+             {"role": "user", "content": "two"}]  # fmt: skip
+    answer = client.chat.completions.create(model="echo2", messages=said)
+    assert answer.choices[0].message.content == "Echo: two"
+    assert answer.model_extra["governance"]["provider_id"] == "echo2"
+    thread = Thread.objects.get()
+    assert thread.provider_chain == ["echo2"]
+    first, second = Segment.objects.order_by("opened_at", "id")
+    assert (first.closed_kind, first.closed_by) == ("model_switch", "openai-door")
+    assert first.session_id == second.session_id and second.model == "echo-2"
+    assert history(thread)[-2:] == [("user", "two"), ("assistant", "Echo: two")]
+
+
+def test_a_client_that_goes_away_mid_stream_detaches_and_the_run_settles(asgi_server, worker, door):
+    from governance.models import RunViewer
+
+    LoopbackProvider.gate = threading.Event()
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    with client.chat.completions.with_streaming_response.create(
+        model="chat", messages=[{"role": "user", "content": "wait for me"}], stream=True
+    ) as raw:
+        next(raw.iter_lines())  # the role chunk, then the client leaves
+    run = Run.objects.get()
+    until(lambda: RunViewer.objects.filter(run=run, state="detached").exists())
+    run.refresh_from_db()
+    assert run.status != Run.Status.SETTLED  # detached while the provider still works
+    LoopbackProvider.gate.set()
+    until(lambda: Run.objects.filter(id=run.id, status=Run.Status.SETTLED).exists())
+    run.refresh_from_db()
+    assert run.settlement.outcome == "completed" and run.cancel_requested_at is None
+
+
+def until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def test_another_method_is_a_405_in_openais_shape(live_server, door):
+    import httpx
+
+    answer = httpx.get(
+        f"{live_server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 405 and answer.headers["Allow"] == "POST"
+    assert answer.json()["error"]["type"] == "invalid_request_error"
