@@ -23,6 +23,7 @@ from datetime import datetime
 from django.db import transaction
 
 from governance.models import Provider, Segment, Thread
+from governance.services.locks import hold_until_commit
 from governance.services.threads import (
     append_history,
     apply_boundary,
@@ -73,6 +74,10 @@ def conversation_for_turn(
     message). Call inside the transaction that admits the run: the thread's
     row stays locked until it commits, so two requests of one session line up."""
     with transaction.atomic():
+        if session_key:
+            # Two first requests of one new session: the second waits for the
+            # first's thread instead of making its own (a unique-key error).
+            hold_until_commit(f"conversation:{user.pk}:{session_key}")
         thread = (
             Thread.objects.select_for_update()
             .filter(created_by=user, client_session_key=session_key)

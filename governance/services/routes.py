@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from governance.models import Provider, Route
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
+from governance.services.locks import hold_until_commit
 
 # The same form as a provider id: both are what a request's ``model`` names.
 ROUTE_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
@@ -62,22 +63,10 @@ def check_provider_chain(chain: Any, field: str = "provider_chain") -> list[str]
     return chain
 
 
-def _hold_name(name: str) -> None:
-    """Inside a transaction, until it ends: no other transaction may take
-    ``name`` meanwhile. PostgreSQL: an advisory lock on the name (the route and
-    the provider are two tables, so no unique index spans them); SQLite lets
-    one writer at a time anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"name:{name}"]
-            )
-
-
 def require_free_name(name: str, *, for_a: str, field: str) -> None:
     """Inside the transaction that takes ``name`` for a route or a provider
     (``for_a``): refused when the other kind holds it already."""
-    _hold_name(name)
+    hold_until_commit(f"name:{name}")
     if for_a == "route" and Provider.objects.filter(provider_id=name).exists():
         raise NameTaken(
             field, f"a provider {name!r} exists: a route's name must not be a provider id"

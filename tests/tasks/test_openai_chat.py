@@ -390,3 +390,45 @@ def test_another_method_is_a_405_in_openais_shape(live_server, door):
     )
     assert answer.status_code == 405 and answer.headers["Allow"] == "POST"
     assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_two_first_requests_of_one_new_session_share_one_thread(django_user_model):
+    """The second waits for the first's thread (a lock on the session's name)
+    instead of making its own and failing on the unique key."""
+    from django.db import connection, transaction
+
+    from governance.services.conversations import conversation_for_turn
+
+    Provider.objects.create(provider_id="solo", kind="scripted", model="m", script={})
+    user = django_user_model.objects.create_user("racer")
+    first_inside, release = threading.Event(), threading.Event()
+    found: dict[str, object] = {}
+
+    def turn(name: str, hold: bool) -> None:
+        try:
+            with transaction.atomic():
+                conversation = conversation_for_turn(
+                    user, session_key="race-1", provider_chain=["solo"], system_prompt="",
+                    earlier=[], title="t", now=time_source.now(),
+                )  # fmt: skip
+                found[name] = conversation.thread.id
+                if hold:
+                    first_inside.set()
+                    release.wait(10)
+        except Exception as exc:  # the test reads it below
+            found[name] = exc
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=turn, args=("first", True))
+    first.start()
+    assert first_inside.wait(10)
+    second = threading.Thread(target=turn, args=("second", False))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting for the first's commit, not racing it
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert found["first"] == found["second"], found
+    assert Thread.objects.filter(client_session_key="race-1").count() == 1
