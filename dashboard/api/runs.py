@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from functools import partial
 from typing import Any
 
-from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -28,7 +26,6 @@ from dashboard.api.schemas import RunQuery, RunSubmit
 from dashboard.queries import costs
 from dashboard.queries.run_detail import RunFacts, receipt_latency_ms, run_facts
 from dashboard.site import permissions
-from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import (
     Run,
@@ -40,7 +37,7 @@ from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
 from governance.services.errors import RunSettled
-from governance.services.stream import run_is_settled, run_settled_and_owner
+from governance.services.stream import run_settled_and_owner
 from tasks import instrumentation as spans
 
 
@@ -246,23 +243,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     if settled:
         return HttpResponse(answer(settled_only=False), content_type="application/json")
     # Not settled: the answer waits for the settlement (dashboard/api/waits.py).
-    settled_now = partial(run_is_settled, key)
-    final_answer = partial(answer, settled_only=False)
-    body = (
-        run_waits.answer_when_settled(
-            str(key),
-            wait_s,
-            settled_now,
-            partial(answer, settled_only=True),
-            final_answer,
-            looked_at=looked_at,
-        )
-        if isinstance(request, ASGIRequest)
-        else run_waits.answer_when_settled_sync(wait_s, settled_now, final_answer)
-    )
-    response = WaitedAnswer(body, content_type="application/json")
-    response["Cache-Control"] = "no-store"
-    return response
+    return run_waits.waited_answer(request, key, wait_s, answer, looked_at=looked_at)
 
 
 @api_view(("POST",), permission=(permissions.CANCEL_RUN, permissions.OWN_RUN))

@@ -30,12 +30,16 @@ import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 
 import psycopg
+from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections, connection
 
 from dashboard.site.loop_db import off_loop, plain_params
+from dashboard.site.responses import WaitedAnswer
 from governance.services.runs import RUN_SETTLED_CHANNEL
+from governance.services.stream import run_is_settled
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +203,33 @@ async def answer_when_settled(
                 looked = body is not None
             heard.clear()
     yield body if body is not None else await off_loop(answer)()
+
+
+def waited_answer(
+    request,
+    run_id,
+    wait_s: float,
+    answer: Callable[..., bytes | None],
+    *,
+    looked_at: float | None = None,
+) -> WaitedAnswer:
+    """The response that answers at the run's settlement (or after ``wait_s``):
+    ``answer(settled_only=...)`` builds the body, None while not settled when
+    ``settled_only``. Under ASGI the listener's notification wakes it; under a
+    WSGI server the request's thread polls the small read."""
+    settled_now = partial(run_is_settled, run_id)
+    final_answer = partial(answer, settled_only=False)
+    body = (
+        answer_when_settled(
+            str(run_id), wait_s, settled_now, partial(answer, settled_only=True), final_answer,
+            looked_at=looked_at,
+        )
+        if isinstance(request, ASGIRequest)
+        else answer_when_settled_sync(wait_s, settled_now, final_answer)
+    )  # fmt: skip
+    response = WaitedAnswer(body, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def answer_when_settled_sync(

@@ -17,7 +17,6 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from functools import partial
 from typing import Any
 
 import pydantic_core
@@ -37,7 +36,6 @@ from dashboard.openai.schemas import ChatCompletionRequest
 from dashboard.queries.run_detail import RunFacts, run_facts
 from dashboard.site import permissions
 from dashboard.site.loop_db import off_loop
-from dashboard.site.responses import WaitedAnswer
 from governance import services, time_source
 from governance.models import Provider, Route, Run
 from governance.rules.cost import usage_tokens
@@ -46,7 +44,6 @@ from governance.services import conversations, stream
 from governance.services.admission import Overloaded
 from governance.services.broker import publish
 from governance.services.refusals import reprobe_delays, segment_refusals
-from governance.services.stream import run_is_settled
 from tasks import instrumentation as spans
 
 METHODS = ("POST",)
@@ -176,7 +173,6 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
 def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpResponse:
     key = run.id
     wait_s = max(1.0, (run.deadline_at - time_source.now()).total_seconds()) + WAIT_MARGIN_S
-    settled_now = partial(run_is_settled, key)
 
     def answer(*, settled_only: bool) -> bytes | None:
         facts = run_facts(key, settled_only=settled_only)
@@ -184,20 +180,7 @@ def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpRes
             return None if settled_only else _not_found_body()
         return JsonResponse(completion(facts)).content
 
-    final_answer = partial(answer, settled_only=False)
-    body = (
-        run_waits.answer_when_settled(
-            str(key),
-            wait_s,
-            settled_now,
-            partial(answer, settled_only=True),
-            final_answer,
-        )
-        if isinstance(request, ASGIRequest)
-        else run_waits.answer_when_settled_sync(wait_s, settled_now, final_answer)
-    )
-    response = WaitedAnswer(body, content_type="application/json")
-    response["Cache-Control"] = "no-store"
+    response = run_waits.waited_answer(request, key, wait_s, answer)
     return _with_run_headers(response, request, run, segment_key)
 
 

@@ -286,8 +286,11 @@ def looks(monkeypatch):
     from dashboard.api import runs as api
 
     made: list[str] = []
-    for name in ("run_is_settled", "run_settled_and_owner"):  # later looks, the view's first
-        monkeypatch.setattr(api, name, _counted(getattr(api, name), made))
+    from dashboard.api import waits
+
+    # The view's first look, then the waiting answer's later ones.
+    monkeypatch.setattr(api, "run_settled_and_owner", _counted(api.run_settled_and_owner, made))
+    monkeypatch.setattr(waits, "run_is_settled", _counted(waits.run_is_settled, made))
     return made
 
 
