@@ -34,6 +34,7 @@ from governance.models import ApiToken, Provider, Route, Run, Thread, ToolServer
 from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from governance.services.tokens import token_digest
 from tests import facts as written
+from tests.asgi_server import serving
 
 pytestmark = pytest.mark.django_db
 
@@ -702,31 +703,10 @@ def test_live_wsgi_server_answers_json_errors(live_server, user, thread, run, mo
 @pytest.fixture
 def uvicorn_server():
     """dashboard.site.asgi's application under a real uvicorn, in this process."""
-    import asyncio
-
-    import uvicorn
     from django.core.asgi import get_asgi_application
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            get_asgi_application(), host="127.0.0.1", port=port, lifespan="off", log_level="error"
-        )
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    from django.db import connections
-
-    connections.close_all()
+    with serving(get_asgi_application()) as (base, _loop):
+        yield base
 
 
 @pytest_live

@@ -9,9 +9,7 @@ read far slower than the wait, so only the notification can answer in time.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
 import threading
 import time
 
@@ -25,6 +23,7 @@ from governance.models import Run, Stage
 from governance.models import Settlement as SettlementRow
 from governance.rules.settlement import Outcome, ReasonCode, Settlement
 from tests import facts as written
+from tests.asgi_server import serving
 from tests.dashboard.conftest import CLIENT_AUTH
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -150,40 +149,13 @@ def test_a_look_while_waiting_is_one_small_read(client, token_user, run):
 def uvicorn_server(monkeypatch):
     """dashboard.site.asgi's application under a real uvicorn in this process; every
     fallback read of a waiting request is made slower than any wait here."""
-    import uvicorn
-
     from dashboard.site.asgi import application
 
     monkeypatch.setattr(run_waits, "RECHECK_S", 120.0)
     monkeypatch.setattr(run_waits, "POLL_S", 120.0)
     monkeypatch.setattr(run_waits, "LINGER_S", 0.0)  # the LISTEN connection goes with the waiters
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="error")
-    )
-    loop_of: dict = {}
-
-    def serve():
-        async def main():
-            loop_of["loop"] = asyncio.get_running_loop()
-            await server.serve()
-
-        asyncio.run(main())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}", loop_of["loop"]
-    server.should_exit = True
-    thread.join(10)
-    from django.db import connections
-
-    connections.close_all()
+    with serving(application) as (base, loop):
+        yield base, loop
 
 
 def _listener_of(loop) -> run_waits._Listener | None:

@@ -16,6 +16,7 @@ from governance import time_source
 from governance.models import ApiToken, HistoryItem, Provider, Run, Segment, Thread
 from governance.services import routes as route_services
 from governance.services.tokens import token_digest
+from tests.asgi_server import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -275,30 +276,10 @@ def test_bad_input_names_its_param_and_writes_nothing(live_server, door):
 def asgi_server():
     """``dashboard.site.asgi`` under a real uvicorn in this process (the
     deployment's entry): the wait hears the settlement, the stream is async."""
-    import asyncio
-    import socket
-
-    import uvicorn
-    from django.db import connections
-
     from dashboard.site.asgi import application
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="error")
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    connections.close_all()
+    with serving(application) as (base, _loop):
+        yield base
 
 
 def test_the_door_under_asgi_answers_and_streams(asgi_server, worker, door):
