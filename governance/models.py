@@ -199,6 +199,13 @@ class Thread(models.Model):
     # (``X-Session-Id``), unique per owner; None for threads made otherwise.
     # NULL, not "": threads without a key never collide under the unique constraint.
     client_session_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # The client's own tools (the door's ``tools``), canonical JSON: offered to
+    # the model, their calls handed back to the client; "" for none.
+    client_tools = models.TextField(blank=True)
+    # The door's ``model`` the client last named: when it names another, the
+    # client switched routes; while it names the same, an operator's model
+    # switch stands.
+    client_model = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -242,6 +249,9 @@ class Segment(models.Model):
     # The fingerprint of the registry schemas the surface sees (R1.3): a
     # change of them is a tool-surface boundary (R1.3).
     tool_schemas = models.CharField(max_length=64, blank=True)
+    # The client's tools the segment offers (canonical JSON, "" for none):
+    # another list is a tool-surface change (R1.3).
+    client_tools = models.TextField(blank=True)
     system_prompt = models.TextField(blank=True)
     opened_at = models.DateTimeField()
     # R1.4: closing records who/why/when; nothing else about the segment changes.
@@ -287,6 +297,10 @@ class HistoryItem(models.Model):
     content = models.TextField()
     tool_call_id = models.CharField(max_length=100, blank=True)
     tool_calls = models.JSONField(default=list, blank=True)
+    # The OpenAI-compatible door: the digest of the message as its client sent
+    # it, when what was accepted differs (an increment re-rendered or withheld,
+    # R3.1): the client keeps sending its own bytes, and they still match.
+    client_digest = models.CharField(max_length=64, blank=True)
     run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL)
     accepted_at = models.DateTimeField()
 
@@ -323,6 +337,9 @@ class Run(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="successors"
     )
     trace_context = models.JSONField(default=dict, blank=True)
+    # What the client asked of each request's reply (the door's sampling
+    # parameters, ``max_tokens``, ``tool_choice``), sent as given to the provider.
+    request_options = models.JSONField(default=dict, blank=True)
     callback_url = models.URLField(blank=True)
     # Who submitted it: a service account sees and acts on its own runs only
     # (dashboard/site/permissions.py); None: its user was deleted.
@@ -600,6 +617,9 @@ class BodyChunk(models.Model):
     chunk_no = models.PositiveIntegerField()
     version = models.PositiveIntegerField(null=True, blank=True)
     text = models.TextField()
+    # The client's tool calls this chunk hands over ({"id", "name", "arguments"});
+    # its text then says them in words. Empty for a chunk of the body's text.
+    tool_calls = models.JSONField(default=list, blank=True)
     final = models.BooleanField(default=False)
     generated_at = models.DateTimeField()
     committed_at = models.DateTimeField(null=True, blank=True)

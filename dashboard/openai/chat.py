@@ -6,9 +6,10 @@ chunks commit (``stream: true``, read as the run stream reads its events).
 
 The conversation is the thread named by ``X-Session-Id`` (or
 ``metadata.session_id``), found and brought in line with the client's
-history by ``services.conversations``. What is not done yet: client tools
-(a request with ``tools`` is refused, not stripped), finding a conversation
-without a session id by its messages' prefix.
+history by ``services.conversations``. The client's own tools are offered to
+the model; their calls are the run's answer (``finish_reason: tool_calls``)
+and their results the next request's increment. Not done yet: finding a
+conversation without a session id by its messages' prefix.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from governance import services, time_source
 from governance.models import Provider, Route, Run
 from governance.rules.cost import usage_tokens
 from governance.rules.refusal import refusal_answer_text
+from governance.rules.tools import client_tool_list
 from governance.services import conversations, stream
 from governance.services.admission import Overloaded
 from governance.services.broker import publish
@@ -103,7 +105,7 @@ def _parse(request: HttpRequest) -> ChatCompletionRequest:
     except ValidationError as exc:
         error = exc.errors(include_url=False, include_input=False)[0]
         loc = [str(p) for p in error["loc"]]
-        param = loc[0] if loc else None
+        param = loc[0] if loc else (error.get("ctx") or {}).get("param")
         message = error["msg"].removeprefix("Value error, ")
         raise DoorError(400, f"{'.'.join(loc)}: {message}" if loc else message, param) from None
     return body
@@ -135,23 +137,27 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
         if first is not None and first.owner_id == request.api_user.pk:
             return first, None, False, first.segment.key
     system = "\n\n".join(m.text for m in body.messages if m.role in ("system", "developer"))
-    said = [
-        conversations.Message(m.role, m.text)
-        for m in body.messages
-        if m.role in ("user", "assistant")
-    ]
+    said = [_said(m) for m in body.messages if m.role not in ("system", "developer")]
+    # The turn's increment: what came after the client's last assistant message.
+    start = max((at + 1 for at, m in enumerate(said) if m.role == "assistant"), default=0)
+    earlier, increment = said[:start], said[start:]
     session_key = request.headers.get("X-Session-Id") or (body.metadata or {}).get("session_id")
     if session_key is not None and not 0 < len(session_key) <= 200:
         raise DoorError(400, "a session id is 1 to 200 characters", "X-Session-Id")
     now = time_source.now()
+    first_user = next((m.content for m in said if m.role == "user" and m.content.strip()), "")
     conversation = conversations.conversation_for_turn(
         request.api_user,
         session_key=session_key,
+        client_model=body.model,
         provider_chain=chain,
         system_prompt=system,
-        earlier=said[:-1],
+        client_tools=client_tool_list(
+            t.function.model_dump(exclude_none=True) for t in body.tools or ()
+        ),
+        earlier=earlier,
         # A new thread is titled by the conversation's first user message.
-        title=next(m for m in said if m.role == "user").content.strip().splitlines()[0][:200],
+        title=(first_user.strip().splitlines() or ["conversation"])[0][:200],
         now=now,
     )
     thread, segment = conversation.thread, conversation.segment
@@ -159,15 +165,45 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
     carrier = spans.new_run_trace(str(run_id), thread_id=str(thread.id), segment_key="")
     run, stage, created = services.submit_run(
         thread,
-        input=said[-1].content,
+        input=_input_words(increment),
         user=request.api_user,
         now=now,
         idempotency_key=idempotency_key,
         trace_context=carrier,
         run_id=run_id,
         segment=segment,
+        increment=[m.as_item() for m in increment],
+        request_options=_request_options(body),
     )
+    request.door_boundary = (conversation.boundary, conversation.trimmed)
     return run, stage, created, run.segment.key
+
+
+def _said(message) -> conversations.Message:
+    return conversations.Message.of(
+        message.role,
+        message.text,
+        [call.as_call() for call in message.tool_calls or ()],
+        message.tool_call_id or "",
+    )
+
+
+def _input_words(increment: list[conversations.Message]) -> str:
+    """What the run was asked, in words for its page: the user's text, or
+    which tool results it brings."""
+    users = [m.content for m in increment if m.role == "user" and m.content.strip()]
+    if users:
+        return users[-1]
+    return f"Results of {len(increment)} tool call(s) of the client"
+
+
+def _request_options(body: ChatCompletionRequest) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if max_tokens := body.max_completion_tokens or body.max_tokens:
+        options["max_tokens"] = max_tokens
+    if sampling := body.sampling():
+        options["sampling"] = sampling
+    return options
 
 
 def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpResponse:
@@ -191,6 +227,11 @@ def _with_run_headers(response: HttpResponse, request: HttpRequest, run, segment
     response["X-Governance-Run-Url"] = request.build_absolute_uri(
         reverse("run", kwargs={"run_id": run.id})
     )
+    boundary, trimmed = getattr(request, "door_boundary", ("", 0))
+    if boundary:
+        # An operator's boundary applies: the client's history before it is not forwarded.
+        response["X-Governance-Boundary"] = boundary
+        response["X-Governance-Trimmed-Messages"] = str(trimmed)
     return response
 
 
@@ -237,10 +278,31 @@ def _chunk(
 
 
 def _deltas(run, batch) -> bytes:
-    texts = [m.get("text") for _id, kind, m in batch if kind == "chunk"]
-    sent = b"".join(_chunk(run, {"content": text}) for text in texts if text)
+    sent = b"".join(
+        _chunk(run, _delta(m)) for _id, kind, m in batch if kind == "chunk" and m.get("text")
+    )
     # Something for every batch: the batch counts as sent once it is written.
     return sent or events.KEEPALIVE
+
+
+def _delta(chunk: dict) -> dict:
+    """A committed chunk as OpenAI's delta: its text, or the client's tool
+    calls it hands over (whose text is words for people, not content)."""
+    calls = chunk.get("tool_calls")
+    if not calls:
+        return {"content": chunk["text"]}
+    return {"tool_calls": [{"index": i, **_wire_call(call)} for i, call in enumerate(calls)]}
+
+
+def _wire_call(call: dict) -> dict:
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {
+            "name": call["name"],
+            "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False),
+        },
+    }
 
 
 def _tail(run, include_usage: bool) -> bytes:
@@ -288,9 +350,9 @@ def completion(facts: RunFacts) -> dict[str, Any]:
     run = facts.run
     accepted = [a for a in facts.attempts if a.result == "accepted"]
     answered_by = accepted[-1] if accepted else None
-    body = facts.body
+    calls = facts.handed_calls
     refusal = None
-    finish_reason = "stop"
+    finish_reason = "tool_calls" if calls else "stop"
     if answered_by is None and any(a.result == "refused" for a in facts.attempts):
         # R3.7: every provider of the chain refused (cooling or frozen) here.
         finish_reason = "content_filter"
@@ -308,7 +370,12 @@ def completion(facts: RunFacts) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": body, "refusal": refusal},
+                "message": {
+                    "role": "assistant",
+                    "content": facts.answer_text or (None if calls else ""),
+                    "refusal": refusal,
+                    **({"tool_calls": [_wire_call(call) for call in calls]} if calls else {}),
+                },
                 "finish_reason": finish_reason,
                 "logprobs": None,
             }

@@ -63,6 +63,20 @@ class RunFacts:
         """The committed answer: the chunks that have a version (R7.2)."""
         return "".join(chunk.text for chunk in self.chunks if chunk.version is not None)
 
+    @property
+    def answer_text(self) -> str:
+        """The committed answer's text, without the chunk that hands the
+        client's tool calls over (its words are for people, not the client)."""
+        texts = [c.text for c in self.chunks if c.version is not None and not c.tool_calls]
+        return "".join(texts)
+
+    @property
+    def handed_calls(self) -> list[dict]:
+        """The client's tool calls the answer hands over ({"id", "name", "arguments"})."""
+        return [
+            call for chunk in self.chunks if chunk.version is not None for call in chunk.tool_calls
+        ]
+
 
 @dataclass(frozen=True)
 class _Shapes:

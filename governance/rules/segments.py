@@ -70,6 +70,9 @@ class SegmentConfig:
     # The fingerprint of the registry schemas the surface sees (R1.3): the
     # same names with other schemas are another surface.
     tool_schemas: str = ""
+    # The client's own tools (canonical JSON of their specs, "" for none): the
+    # same surface with another client tool list is another surface (R1.3).
+    client_tools: str = ""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -81,6 +84,8 @@ class SegmentConfig:
         parts: list = [self.model, self.mode, list(self.tool_surface), self.system_prompt]
         if self.tool_schemas:  # absent before the registry: fingerprints stay as they were
             parts.append(self.tool_schemas)
+        if self.client_tools:  # likewise: threads without client tools keep their keys
+            parts.append(["client_tools", self.client_tools])
         payload = json.dumps(parts, ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -133,7 +138,11 @@ def config_changes(old: SegmentConfig, new: SegmentConfig) -> tuple[BoundaryKind
         changes.append(BoundaryKind.MODEL_SWITCH)
     if old.mode != new.mode:
         changes.append(BoundaryKind.MODE_CHANGE)
-    if old.tool_surface != new.tool_surface or old.tool_schemas != new.tool_schemas:
+    if (old.tool_surface, old.tool_schemas, old.client_tools) != (
+        new.tool_surface,
+        new.tool_schemas,
+        new.client_tools,
+    ):
         changes.append(BoundaryKind.TOOL_SURFACE_CHANGE)
     if old.system_prompt != new.system_prompt:
         changes.append(BoundaryKind.PROMPT_CHANGE)

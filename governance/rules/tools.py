@@ -363,6 +363,29 @@ def schema_fingerprint(tools: Iterable[Mapping[str, Any]]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def client_tool_list(tools: Iterable[Mapping[str, Any]]) -> str:
+    """A client's own tools ({"name", "description", "parameters"}) as the one
+    text its segment keeps (R1.3): in name order with sorted keys, so the same
+    tools sent in another order are no change; "" for none."""
+    rows = sorted(
+        (
+            {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            }
+            for t in tools
+        ),
+        key=lambda row: row["name"],
+    )
+    return json.dumps(rows, sort_keys=True, ensure_ascii=False) if rows else ""
+
+
+def client_tools_of(listed: str) -> list[dict[str, Any]]:
+    """The client's tools a segment keeps (:func:`client_tool_list`'s text)."""
+    return json.loads(listed) if listed else []
+
+
 # OpenAI's function names (Anthropic's tool names follow the same pattern).
 WIRE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _WIRE_SEPARATOR = "__"  # stands for the "." of "{server}.{tool}"; server names never hold it

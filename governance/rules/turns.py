@@ -353,6 +353,9 @@ class TurnFacts:
     tool_surface: tuple[str, ...]
     segment_key: str
     publication: pub.Publication = field(default_factory=pub.Publication)  # the body so far
+    # The client's own tools' names (the door's ``tools``): their calls are the
+    # turn's answer, handed back to the client, never executed here.
+    client_tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,7 @@ class ChunkCommit:
     version: int
     text: str
     final: bool
+    tool_calls: tuple[Message, ...] = ()  # the client's calls this chunk hands over
 
 
 @dataclass(frozen=True)
@@ -556,9 +560,16 @@ def _accepted(
         if facts.final
         else [c for c in accepted.tool_calls if surface_allows(c["name"], facts.tool_surface)]
     )
+    client_calls = (
+        []
+        if facts.final or valid_calls
+        else [c for c in accepted.tool_calls if c["name"] in facts.client_tools]
+    )
     # R4.4: only a deliverable body or a valid tool call is progress.
-    kind = classify_turn(accepted.text, len(valid_calls))
+    kind = classify_turn(accepted.text, len(valid_calls) + len(client_calls))
     base = {"outcome": "accepted", "detail": detail}
+    if client_calls:
+        return {**base, **_handed_to_client(facts, accepted, kept_input, client_calls)}
     if kind is FactKind.TURN_CALLED_TOOLS:
         calls_made = [dict(c) for c in valid_calls]
         return {
@@ -576,30 +587,11 @@ def _accepted(
         }
     if kind is FactKind.TURN_ANSWERED:
         texts = chunks_of(accepted.text, accepted.text_pieces)
-        body, ids = pub.commit_body(facts.publication, len(texts))
-        chunks = tuple(
-            ChunkCommit(i, body.chunk(i).committed_version or i, text, i == ids[-1])
-            for i, text in zip(ids, texts, strict=True)
-        )
         gaps = ("finalized early with accepted material only",) if facts.final else ()
         return {
             **base,
             "history": (*kept_input, {"role": "assistant", "content": accepted.text}),
-            "chunks": chunks,
-            "progress": True,
-            "facts": (
-                OwnerFact(
-                    Owner.PUBLICATION,
-                    FactKind.BODY_COMMITTED,
-                    f"body:{facts.run_id}",
-                    version=chunks[-1].version,
-                ),
-                _provider_fact(
-                    kind,
-                    accepted.provider_id,
-                    answer=Answer(facts.goal, gaps, narrowed=facts.final),
-                ),
-            ),
+            **_answered(facts, accepted, [(text, ()) for text in texts], gaps),
         }
     return {
         **base,
@@ -610,6 +602,64 @@ def _accepted(
                 detail="neither a deliverable body nor a valid tool call",
             ),
         ),
+    }
+
+
+def _answered(
+    facts: TurnFacts,
+    accepted: TurnCall,
+    pieces: Sequence[tuple[str, tuple[Message, ...]]],
+    gaps: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """R4.4/R7.2: a turn whose answer is delivered: its chunks (``pieces``: each
+    chunk's text and the client's calls it hands over) committed with versions,
+    the body's commit and the proposed completion."""
+    body, ids = pub.commit_body(facts.publication, len(pieces))
+    chunks = tuple(
+        ChunkCommit(i, body.chunk(i).committed_version or i, text, i == ids[-1], calls)
+        for i, (text, calls) in zip(ids, pieces, strict=True)
+    )
+    return {
+        "chunks": chunks,
+        "progress": True,
+        "facts": (
+            OwnerFact(
+                Owner.PUBLICATION,
+                FactKind.BODY_COMMITTED,
+                f"body:{facts.run_id}",
+                version=chunks[-1].version,
+            ),
+            _provider_fact(
+                FactKind.TURN_ANSWERED,
+                accepted.provider_id,
+                answer=Answer(facts.goal, gaps, narrowed=facts.final),
+            ),
+        ),
+    }
+
+
+def _handed_to_client(
+    facts: TurnFacts,
+    accepted: TurnCall,
+    kept_input: Sequence[Message],
+    client_calls: Sequence[Message],
+) -> dict[str, Any]:
+    """R4.4: calls of the client's own tools are a valid tool call the client
+    executes: they are the turn's delivered answer (its text, then one chunk
+    handing the calls over), and their results come back as the next turn's
+    not-yet-accepted increment (R3.1)."""
+    calls = tuple(dict(c) for c in client_calls)
+    texts = chunks_of(accepted.text, accepted.text_pieces) if accepted.text.strip() else []
+    said = "; ".join(
+        f"{c['name']}({json.dumps(c.get('arguments') or {}, ensure_ascii=False)})" for c in calls
+    )
+    pieces = [(text, ()) for text in texts] + [(f"Calls the client's tools: {said}", calls)]
+    return {
+        "history": (
+            *kept_input,
+            {"role": "assistant", "content": accepted.text, "tool_calls": list(calls)},
+        ),
+        **_answered(facts, accepted, pieces),
     }
 
 

@@ -6,39 +6,92 @@ of the same user is the conversation. Without one, each request is a new
 thread: finding a conversation by its messages' prefix is not done yet.
 
 The client sends its whole history each time; the thread keeps the accepted
-history (R1.1). A request that extends it by exactly one user message is the
-next turn. One that changed or dropped earlier messages opens a new session
-(a fresh start by "openai-door", its reason saying where the histories
-diverged) whose accepted history is the client's; one whose system prompt
-changed is a prompt change, one naming another route or provider a model
-switch (each a new segment, R1.3).
+history (R1.1). The messages after the client's last assistant message are
+the turn's increment (a user message, or the results of the client's tool
+calls: R3.1 quarantine applies to those). What comes before must be the
+history the thread accepted, as the client saw it:
+
+* an increment accepted re-rendered or withheld (R3.1) still matches the
+  client's own bytes (``HistoryItem.client_digest``), and the provider keeps
+  getting the accepted form, never the refused bytes again;
+* after an operator's compact or fresh start the client still sends the
+  history before it: that prefix is recognized and not forwarded (the new
+  session's accepted history is: nothing, or the summary);
+* anything else (an edited or dropped message) opens a new session by the
+  door (a fresh start by "openai-door" saying where the histories diverged)
+  whose accepted history is the client's.
+
+A changed system prompt is a prompt change, another route or provider a
+model switch, another tool list a tool-surface change (each a new segment,
+R1.3).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
-from governance.models import Provider, Segment, Thread
+from governance.models import HistoryItem, Provider, Segment, Thread, ThreadSession
+from governance.rules.segments import NEW_SESSION_KINDS
 from governance.services.locks import hold_until_commit
 from governance.services.threads import (
     append_history,
     apply_boundary,
     create_thread,
     open_segment,
-    session_history,
 )
 
 DOOR = "openai-door"
 
 
+def _calls_text(calls: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        {"id": c["id"], "name": c["name"], "arguments": c.get("arguments") or {}} for c in calls
+    ]
+    return json.dumps(rows, sort_keys=True, ensure_ascii=False) if rows else ""
+
+
 @dataclass(frozen=True)
 class Message:
-    role: str  # user or assistant (system prompts are given apart)
+    """One message as the client sent it (system prompts are given apart)."""
+
+    role: str  # user, assistant or tool
     content: str
+    tool_calls: str = ""  # an assistant's calls, canonical JSON ("" for none)
+    tool_call_id: str = ""  # a tool result: the call it answers
+
+    @classmethod
+    def of(
+        cls, role: str, content: str, tool_calls: Sequence[dict] = (), tool_call_id: str = ""
+    ) -> Message:
+        return cls(role, content, _calls_text(tool_calls), tool_call_id or "")
+
+    @property
+    def digest(self) -> str:
+        payload = json.dumps([self.role, self.content, self.tool_calls, self.tool_call_id])
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def as_item(self) -> dict[str, Any]:
+        """The message as accepted history (and a turn's increment) keeps it."""
+        item: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            item["tool_calls"] = json.loads(self.tool_calls)
+        if self.tool_call_id:
+            item["tool_call_id"] = self.tool_call_id
+        return {**item, "client_digest": self.digest}
+
+
+def _matches(kept: HistoryItem, sent: Message) -> bool:
+    """The accepted item is what the client sent, or what it was accepted as."""
+    if kept.client_digest and kept.client_digest == sent.digest:
+        return True
+    return Message.of(kept.role, kept.content, kept.tool_calls, kept.tool_call_id) == sent
 
 
 @dataclass(frozen=True)
@@ -46,13 +99,17 @@ class Conversation:
     thread: Thread
     segment: Segment  # the open one, where the turn runs
     created: bool  # the request made the thread
+    # An operator's compact or fresh start applies: how many of the client's
+    # earlier messages are not forwarded, and the boundary's kind.
+    trimmed: int = 0
+    boundary: str = ""
 
 
-def diverged_at(accepted: Sequence[Message], given: Sequence[Message]) -> int | None:
+def diverged_at(accepted: Sequence[HistoryItem], given: Sequence[Message]) -> int | None:
     """The first position (1-based) where the client's earlier messages differ
     from the accepted history, or None when they are the same."""
     for at, (kept, sent) in enumerate(zip(accepted, given, strict=False), start=1):
-        if kept != sent:
+        if not _matches(kept, sent):
             return at
     if len(accepted) != len(given):
         return min(len(accepted), len(given)) + 1
@@ -63,15 +120,17 @@ def conversation_for_turn(
     user,
     *,
     session_key: str | None,
+    client_model: str,
     provider_chain: Sequence[str],
     system_prompt: str,
+    client_tools: str,
     earlier: Sequence[Message],
     title: str,
     now: datetime,
 ) -> Conversation:
     """The thread and open segment the next turn runs on, brought in line with
-    what the client sent (``earlier``: its messages before the new user
-    message). Call inside the transaction that admits the run: the thread's
+    what the client sent (``earlier``: its messages before the turn's
+    increment). Call inside the transaction that admits the run: the thread's
     row stays locked until it commits, so two requests of one session line up."""
     with transaction.atomic():
         if session_key:
@@ -91,49 +150,22 @@ def conversation_for_turn(
                 now=now,
                 title=title,
                 system_prompt=system_prompt,
+                client_tools=client_tools,
                 user=user,
             )
-            if session_key:
-                Thread.objects.filter(pk=thread.pk).update(client_session_key=session_key)
-                thread.client_session_key = session_key
+            Thread.objects.filter(pk=thread.pk).update(
+                client_session_key=session_key, client_model=client_model
+            )
+            thread.client_session_key, thread.client_model = session_key, client_model
             segment = open_segment(thread)
             _accept(segment, earlier, now)
             return Conversation(thread, segment, created=True)
-        segment = open_segment(thread)
-        if list(thread.provider_chain) != list(provider_chain):
-            # Another route or provider: a model switch (R1.3), whose segment
-            # starts with no refusal state of the old chain's.
-            first = Provider.objects.only("model").get(provider_id=provider_chain[0])
-            apply_boundary(
-                thread,
-                "model_switch",
-                by=DOOR,
-                reason="the client's model names another provider chain: "
-                + ", ".join(provider_chain),
-                now=now,
-                model=first.model,
-                provider_chain=provider_chain,
-                expected_segment=segment,
-            )
-            thread.provider_chain = list(provider_chain)
-        segment = open_segment(thread)
-        if segment.system_prompt != system_prompt:
-            segment, _ = apply_boundary(
-                thread,
-                "prompt_change",
-                by=DOOR,
-                reason="the client's system prompt changed",
-                now=now,
-                system_prompt=system_prompt,
-                expected_segment=segment,
-            )
-            segment = open_segment(thread)
-        accepted = [
-            Message(item.role, item.content)
-            for item in session_history(segment.session)
-            if item.role in ("user", "assistant")
-        ]
-        at = diverged_at(accepted, earlier)
+        segment = _same_configuration(
+            thread, client_model, provider_chain, system_prompt, client_tools, now
+        )
+        sessions = _client_sessions(thread, segment.session)
+        seen = [item for session in sessions for item in _client_seen(session)]
+        at = diverged_at(seen, earlier)
         if at is not None:
             apply_boundary(
                 thread,
@@ -145,16 +177,101 @@ def conversation_for_turn(
             )
             segment = open_segment(thread)
             _accept(segment, earlier, now)
-        return Conversation(thread, segment, created=False)
+            return Conversation(thread, segment, created=False)
+        before = sum(len(_client_seen(session)) for session in sessions[:-1])
+        if not before:
+            return Conversation(thread, segment, created=False)
+        return Conversation(
+            thread, segment, created=False, trimmed=before, boundary=segment.session.opened_by
+        )
+
+
+def _same_configuration(
+    thread: Thread,
+    client_model: str,
+    provider_chain: Sequence[str],
+    system_prompt: str,
+    client_tools: str,
+    now: datetime,
+) -> Segment:
+    """The open segment, after the boundaries the client's configuration asks
+    for (R1.3): another route is a model switch (whose segment starts with no
+    refusal state of the old chain's), another system prompt a prompt change,
+    another tool list a tool-surface change. While the client names the model
+    it named before, an operator's model switch stands."""
+    segment = open_segment(thread)
+    switched = thread.client_model != client_model
+    if switched:
+        Thread.objects.filter(pk=thread.pk).update(client_model=client_model)
+    if switched and list(thread.provider_chain) != list(provider_chain):
+        first = Provider.objects.only("model").get(provider_id=provider_chain[0])
+        apply_boundary(
+            thread,
+            "model_switch",
+            by=DOOR,
+            reason="the client's model names another provider chain: " + ", ".join(provider_chain),
+            now=now,
+            model=first.model,
+            provider_chain=provider_chain,
+            expected_segment=segment,
+        )
+        thread.provider_chain = list(provider_chain)
+        segment = open_segment(thread)
+    if segment.system_prompt != system_prompt:
+        apply_boundary(
+            thread,
+            "prompt_change",
+            by=DOOR,
+            reason="the client's system prompt changed",
+            now=now,
+            system_prompt=system_prompt,
+            expected_segment=segment,
+        )
+        segment = open_segment(thread)
+    if segment.client_tools != client_tools:
+        apply_boundary(
+            thread,
+            "tool_surface_change",
+            by=DOOR,
+            reason="the client's tool list changed",
+            now=now,
+            client_tools=client_tools,
+            expected_segment=segment,
+        )
+        segment = open_segment(thread)
+    return segment
+
+
+def _client_sessions(thread: Thread, current: ThreadSession) -> list[ThreadSession]:
+    """The sessions whose history the client still sends, oldest first: the
+    current one, and before it those an operator's compact or fresh start
+    ended (the client never saw those boundaries). A session the door opened
+    (the client's history diverged) starts from what the client sent."""
+    if current.generation == 1:
+        return [current]
+    sessions = {s.generation: s for s in ThreadSession.objects.filter(thread=thread)}
+    opened_by_door = set(
+        Segment.objects.filter(
+            thread=thread, closed_kind__in=[k.value for k in NEW_SESSION_KINDS], closed_by=DOOR
+        ).values_list("next_segment__session__generation", flat=True)
+    )
+    chain = [current]
+    generation = current.generation
+    while generation > 1 and generation not in opened_by_door:
+        generation -= 1
+        chain.insert(0, sessions[generation])
+    return chain
+
+
+def _client_seen(session: ThreadSession) -> list[HistoryItem]:
+    """A session's accepted history as the client saw it: without the summary
+    a compact put first (the client never sent or received it)."""
+    items = list(session.history.order_by("seq"))
+    return items[1:] if session.summary and items else items
 
 
 def _accept(segment: Segment, earlier: Sequence[Message], now: datetime) -> None:
     """The client's earlier messages as the session's accepted history: the
     history it asks the next turn to continue (no run produced them here)."""
     if earlier:
-        append_history(
-            segment.session,
-            [{"role": m.role, "content": m.content} for m in earlier],
-            run=None,
-            now=now,
-        )
+        append_history(segment.session, [m.as_item() for m in earlier], run=None, now=now)

@@ -81,11 +81,16 @@ def submit_run(
     previous_run: Run | None = None,
     run_id: uuid.UUID | None = None,
     segment: Segment | None = None,
+    increment: Sequence[dict[str, Any]] | None = None,
+    request_options: dict[str, Any] | None = None,
 ) -> tuple[Run, Stage | None, bool]:
     """Admit a run on the thread's open segment and queue its first stage.
 
     ``segment``: the open segment, when the caller read it with the thread in
     this transaction (the API: one statement); otherwise it is read here.
+    ``increment``: the first turn's new messages when they are more than
+    ``input`` as one user message (the door's tool results, R3.1);
+    ``request_options``: what the client asked of each reply (``Run.request_options``).
     Returns (run, first stage or None for a repeated key, created).
 
     One of the run's hot paths, in fixed SQL (``services.statements``): its
@@ -117,6 +122,7 @@ def submit_run(
         trace_context=trace_context or {},
         callback_url=thread.callback_url,
         previous_run=previous_run,
+        request_options=request_options or {},
         **_clocks(now, deadline_s, stage_budget_s, no_progress_s),
     )
     if previous_run is not None:
@@ -131,7 +137,7 @@ def submit_run(
         with transaction.atomic(savepoint=bool(idempotency_key)):
             if segment is None:
                 run.segment = open_segment(thread)
-            return (run, _insert_run(run, merged, now), True)
+            return (run, _insert_run(run, merged, now, increment), True)
     except IntegrityError:
         # The key was used before (or by a request racing this one): the run
         # it admitted is the answer. Asking first would cost every new run a read.
@@ -141,7 +147,12 @@ def submit_run(
         return existing, None, False
 
 
-def _insert_run(run: Run, limits: dict[str, int], now: datetime) -> Stage:
+def _insert_run(
+    run: Run,
+    limits: dict[str, int],
+    now: datetime,
+    increment: Sequence[dict[str, Any]] | None = None,
+) -> Stage:
     """The run, its one ledger and its first stage, inserted by fixed SQL (no
     queryset compiled: about 0.3 ms of CPU each on the submit's path). Returns
     the first stage."""
@@ -149,7 +160,9 @@ def _insert_run(run: Run, limits: dict[str, int], now: datetime) -> Stage:
         run=run,
         seq=1,  # a new run's first stage
         kind=Stage.Kind.MODEL_TURN,
-        payload=TurnPayload(increment=({"role": "user", "content": run.input},)).to_json(),
+        payload=TurnPayload(
+            increment=tuple(increment or ({"role": "user", "content": run.input},))
+        ).to_json(),
         enqueued_at=now,  # its queue clock starts here (R6.1)
     )
     sql.insert([run])

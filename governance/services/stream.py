@@ -214,6 +214,7 @@ def write_chunks(
             chunk_no=c.chunk_no,
             version=c.version,
             text=c.text,
+            tool_calls=list(c.tool_calls),
             final=c.final,
             generated_at=now,
             committed_at=now,
@@ -226,7 +227,14 @@ def write_chunks(
             run,
             "chunk",
             now,
-            {"chunk_no": c.chunk_no, "version": c.version, "text": c.text, "final": c.final},
+            {
+                "chunk_no": c.chunk_no,
+                "version": c.version,
+                "text": c.text,
+                "final": c.final,
+                # Only on a chunk that hands the client's calls over: events stay as they were.
+                **({"tool_calls": list(c.tool_calls)} if c.tool_calls else {}),
+            },
             segment=run.segment,
         )
         for c in commits

@@ -44,6 +44,7 @@ def create_thread(
     system_prompt: str = "",
     callback_url: str = "",
     user=None,
+    client_tools: str = "",
 ) -> Thread:
     """A thread with its first session and segment 1 (R1.2)."""
     chain = check_provider_chain(list(provider_chain or []))
@@ -61,6 +62,7 @@ def create_thread(
             mode=mode or "default",
             tool_surface=sorted(set(tool_surface)),
             system_prompt=system_prompt,
+            client_tools=client_tools,
             callback_url=callback_url,
             created_by=user if getattr(user, "is_authenticated", False) else None,
             created_at=now,
@@ -91,6 +93,7 @@ def segment_config_of(source: Thread | Segment) -> segment_rules.SegmentConfig:
         tool_surface=tuple(source.tool_surface),
         system_prompt=source.system_prompt,
         tool_schemas=schemas,
+        client_tools=source.client_tools,
     )
 
 
@@ -111,6 +114,7 @@ def _open_segment(
         mode=config.mode,
         tool_surface=list(config.tool_surface),
         tool_schemas=config.tool_schemas,
+        client_tools=config.client_tools,
         system_prompt=config.system_prompt,
         opened_at=now,
     )
@@ -141,11 +145,14 @@ def apply_boundary(
     system_prompt: str | None = None,
     expected_segment: Segment | None = None,
     provider_chain: Sequence[str] | None = None,
+    client_tools: str | None = None,
 ) -> tuple[Segment, bool]:
     """Close the open segment and open the next (R1.2–R1.4, R8.3).
 
     ``provider_chain``: a model switch's new chain (the thread's from the next
     segment on; the OpenAI-compatible door's request naming another route).
+    ``client_tools``: a tool-surface change's new client tool list (the door's
+    request with other ``tools``).
 
     ``expected_segment``: the segment the operator confirmed on; if another
     boundary closed it meanwhile, ``BoundaryConflict`` instead of acting on a
@@ -183,6 +190,8 @@ def apply_boundary(
             )
         old_config = segment_config_of(current)
         new_config = _next_config(old_config, model, mode, tool_surface, system_prompt)
+        if client_tools is not None:
+            new_config = dataclasses.replace(new_config, client_tools=client_tools)
         transition = _transition(thread, current, kind, old_config, new_config, by, reason, now)
         session = (
             _next_session(thread, current.session, transition, kind, now)
@@ -200,6 +209,7 @@ def apply_boundary(
             mode=new_config.mode,
             tool_surface=list(new_config.tool_surface),
             system_prompt=new_config.system_prompt,
+            client_tools=new_config.client_tools,
             **({"provider_chain": provider_chain} if provider_chain is not None else {}),
         )
         audit(
@@ -254,6 +264,7 @@ def _next_config(
         system_prompt=system_prompt if system_prompt is not None else old.system_prompt,
         # The next segment sees the registry's schemas as they are now (R1.3).
         tool_schemas=tool_servers.surface_schemas(surface),
+        client_tools=old.client_tools,
     )
 
 
@@ -409,6 +420,7 @@ def append_history(
                 content=item.get("content", ""),
                 tool_call_id=item.get("tool_call_id") or "",
                 tool_calls=item.get("tool_calls") or [],
+                client_digest=item.get("client_digest") or "",
                 run=run,
                 accepted_at=now,
             )

@@ -125,6 +125,13 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
             }
             for t in request.tools
         ]
+    # The client's sampling parameters this protocol has a place for.
+    for name in ("temperature", "top_p"):
+        if request.sampling.get(name) is not None:
+            body[name] = request.sampling[name]
+    stop = request.sampling.get("stop")
+    if stop:
+        body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
     return body
 
 

@@ -69,6 +69,10 @@ class ProviderRequest:
     messages: tuple[ChatMessage, ...]  # system message first when there is one
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 1024
+    # What the client asked of the reply beyond its length, in OpenAI's words
+    # (``temperature``, ``top_p``, ``stop``, ``seed``, ``tool_choice``, …):
+    # each adapter sends what its protocol has a place for.
+    sampling: Mapping[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     # Tool name -> the name on the wire (``rules.tools.wire_names``): registry
     # tools are "{server}.{tool}", which providers' name rules do not allow.

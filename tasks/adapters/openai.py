@@ -133,6 +133,17 @@ def build_body(config: ProviderConfig, request: ProviderRequest) -> dict[str, An
             }
             for tool in request.tools
         ]
+    sampling = dict(request.sampling)
+    choice = sampling.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        # A named tool goes by the name the provider was offered.
+        function = choice["function"]
+        sampling["tool_choice"] = {
+            **choice,
+            "function": {**function, "name": request.wire_name(str(function.get("name")))},
+        }
+    for name, value in sampling.items():
+        body.setdefault(name, value)  # the request's own fields stay as built
     return body
 
 

@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from governance import time_source
 from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
+from governance.rules import tools as tool_rules
 from governance.rules.classification import classify_attempt
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
@@ -35,6 +36,7 @@ from tasks.adapters.base import (
     ProviderConfig,
     ProviderRequest,
     ToolCall,
+    ToolSpec,
 )
 from tasks.registry_tools import offered_specs
 
@@ -85,6 +87,7 @@ def execute(run: Run, stage: Stage, context: stage_service.TurnContext | None = 
         tool_surface=tuple(segment.tool_surface),
         segment_key=segment.key,
         publication=context.publication,
+        client_tools=tuple(t["name"] for t in tool_rules.client_tools_of(segment.client_tools)),
     )
     now = time_source.now()
     conclusion = turns.conclude_turn(facts, sender.calls, outcome, now)
@@ -114,7 +117,15 @@ class _Sender:
         self.run, self.stage, self.context, self.progress = run, stage, context, progress
         self.final = final
         offered = turns.offered_tools(context.segment.tool_surface, final=final)
-        self.tools, self.tool_names = offered_specs(offered)  # built-ins and registry tools
+        registry, _ = offered_specs(offered)  # built-ins and registry tools
+        # The client's own tools are offered too; their calls go back to it.
+        client = () if final else tuple(
+            ToolSpec(t["name"], t["description"], t["parameters"])
+            for t in tool_rules.client_tools_of(context.segment.client_tools)
+        )  # fmt: skip
+        self.tools = registry + client
+        self.tool_names = tool_rules.wire_names(spec.name for spec in self.tools)
+        self.options = dict(run.request_options or {})
         self.recovery = stage.typed_payload.recovery  # R5.3: a recovery's draws are keyed apart
         self.calls: list[turns.TurnCall] = []
         self.steps: dict[str, int] = {}
@@ -136,6 +147,8 @@ class _Sender:
             ),
             tools=self.tools,
             tool_names=self.tool_names,
+            max_tokens=self.options.get("max_tokens") or ProviderRequest.max_tokens,
+            sampling=self.options.get("sampling") or {},
             idempotency_key=f"{self.run.id}:{self.stage.id}:{provider.provider_id}:{kind}:{step}",
         )
         response, classification, ended = self._call(provider, kind, request, now)

@@ -26,6 +26,7 @@ from governance.rules.segments import (
     history_after_boundary,
     request_parts,
 )
+from governance.rules.tools import client_tool_list, client_tools_of
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 BASE = SegmentConfig(
@@ -556,3 +557,20 @@ def test_r1_2_what_each_boundary_does_with_the_session_and_the_history():
     assert (history_policy("fresh_start"), starts_new_session("fresh_start")) == ("drop", True)
     for kind in ("model_switch", "mode_change", "tool_surface_change", "prompt_change"):
         assert (history_policy(kind), starts_new_session(BoundaryKind(kind))) == ("keep", False)
+
+
+def test_r1_3_another_client_tool_list_is_a_tool_surface_change():
+    listed = client_tool_list([{"name": "b"}, {"name": "a", "parameters": {"type": "object"}}])
+    same = client_tool_list([{"name": "a", "parameters": {"type": "object"}}, {"name": "b"}])
+    assert listed == same  # the order the client lists them in is no change
+    before = SegmentConfig(model="m", client_tools=listed)
+    after = SegmentConfig(model="m", client_tools=client_tool_list([{"name": "a"}]))
+    assert config_changes(before, after) == (BoundaryKind.TOOL_SURFACE_CHANGE,)
+    assert before.fingerprint() != after.fingerprint()
+    # Without client tools a segment's key is what it always was.
+    assert (
+        SegmentConfig(model="m").fingerprint()
+        == SegmentConfig(model="m", client_tools="").fingerprint()
+    )
+    assert [t["name"] for t in client_tools_of(listed)] == ["a", "b"]
+    assert client_tools_of("") == [] and client_tool_list([]) == ""

@@ -9,6 +9,7 @@ pure: :class:`Shell` builds every request with ``attempt_parts``, records a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -496,6 +497,36 @@ def test_r4_4_only_tools_of_the_segment_surface_are_valid_calls():
     # Invalid calls next to a body: the body is the deliverable.
     with_text, _, _ = run_turn({"a": Reply(text=ANSWER, tool_calls=(rogue,)), "b": answer()})
     assert FactKind.TURN_ANSWERED in kinds(with_text)
+
+
+def test_r4_4_a_call_of_the_clients_own_tool_is_the_answer_handed_back_to_it():
+    weather = {"id": "w1", "name": "get_weather", "arguments": {"city": "Paris"}}
+    client_turn = dataclasses.replace(facts(), client_tools=("get_weather",))
+    reply = Reply(text="Checking.", tool_calls=(weather,))
+    conclusion, _, _ = run_turn({"a": reply, "b": answer()}, client_turn)
+    # A valid call is progress (R4.4); the client executes it, so nothing runs here.
+    assert conclusion.progress is True and conclusion.next_work is None
+    assert kinds(conclusion) == [FactKind.BODY_COMMITTED, FactKind.TURN_ANSWERED]
+    # The text, then one chunk handing the call over, in words for people (R7.2).
+    assert [(c.text, c.tool_calls, c.final) for c in conclusion.chunks] == [
+        ("Checking.", (), False),
+        ('Calls the client\'s tools: get_weather({"city": "Paris"})', (weather,), True),
+    ]
+    assert conclusion.history[-1] == {
+        "role": "assistant", "content": "Checking.", "tool_calls": [weather],
+    }  # fmt: skip
+    decision = lifecycle_after(conclusion)
+    assert decision.settlement is not None and decision.settlement.outcome.value == "completed"
+    # A tool the client did not offer is no call of its (R4.4: not progress).
+    stranger, _, _ = run_turn({"a": reply, "b": answer()}, facts(tool_surface=()))
+    assert FactKind.TURN_ANSWERED in kinds(stranger)
+    assert all(not c.tool_calls for c in stranger.chunks)
+    # The one finalization hands nothing over (R6.3: accepted material only).
+    final, _, _ = run_turn(
+        {"a": reply, "b": answer()},
+        dataclasses.replace(facts(final=True), client_tools=("get_weather",)),
+    )
+    assert all(not c.tool_calls for c in final.chunks)
 
 
 def test_r7_2_accepted_text_is_committed_as_chunks_and_answers_the_goal():

@@ -5,6 +5,8 @@ under the tool's own name."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from governance.rules.tools import wire_names
@@ -73,3 +75,26 @@ def test_a_models_call_is_read_back_under_the_tools_own_name():
     back = tool_names_back(request(), response)
     assert [c.name for c in back.tool_calls] == ["files.read", "nope"]  # nope: refused later
     assert back.tool_calls[0].arguments == {"path": "b"}
+
+
+def test_the_clients_sampling_reaches_each_protocol_where_it_has_a_place():
+    sampled = dataclasses.replace(
+        request(),
+        max_tokens=77,
+        sampling={
+            "temperature": 0.4, "top_p": 0.9, "stop": "END", "seed": 3,
+            "tool_choice": {"type": "function", "function": {"name": "files.read"}},
+            "stream": False,  # never overrides what the adapter itself sets
+        },
+    )  # fmt: skip
+    config = ProviderConfig("p", "openai", "m", base_url="http://127.0.0.1:9/v1")
+    body = openai_adapter.build_body(config, sampled)
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (
+        77, 0.4, 0.9, 3,
+    )  # fmt: skip
+    assert body["stop"] == "END" and body["stream"] is True
+    # A named tool goes by the name the provider was offered.
+    assert body["tool_choice"]["function"]["name"] == "files__read"
+    body = anthropic_adapter.build_body(config, sampled)
+    assert (body["max_tokens"], body["temperature"], body["top_p"]) == (77, 0.4, 0.9)
+    assert body["stop_sequences"] == ["END"] and "seed" not in body

@@ -26,20 +26,41 @@ TRIGGER = "FORBIDDEN-WORD"
 
 class LoopbackProvider(BaseHTTPRequestHandler):
     """An OpenAI-compatible chat-completions server: answers with the last user
-    message echoed in two chunks, refuses (``content_filter``) any request
-    carrying the trigger word."""
+    message echoed in two chunks (or, after a tool result, with the result),
+    refuses (``content_filter``) any request carrying the trigger word, and,
+    offered a ``get_weather`` tool, calls it for a question about the weather
+    (its arguments streamed in two pieces, as OpenAI does)."""
 
     requests: list[dict] = []  # noqa: RUF012 (reset per test)
     gate: threading.Event | None = None  # set: a request saying "wait" is answered
+    refuses = True
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
         if "wait" in json.dumps(body["messages"]) and type(self).gate is not None:
             type(self).gate.wait(30)
+        last = body["messages"][-1]
         last_user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
-        if TRIGGER in json.dumps(body["messages"]):
+        offered = [t["function"]["name"] for t in body.get("tools") or ()]
+        if self.refuses and TRIGGER in json.dumps(body["messages"]):
             chunks = [{"choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}]}]
+        elif "get_weather" in offered and last["role"] == "user" and "weather" in last_user:
+            call = {"index": 0, "id": "call_w1", "type": "function"}
+            chunks = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [
+                    {**call, "function": {"name": "get_weather", "arguments": '{"city": '}}
+                ]}}]},
+                {"choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": 0, "function": {"arguments": '"Paris"}'}}
+                ]}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            ]  # fmt: skip
+        elif last["role"] == "tool":
+            chunks = [
+                {"choices": [{"index": 0, "delta": {"content": f"Tool said: {last['content']}"}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
         else:
             chunks = [
                 {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Echo: "}}]},
@@ -169,17 +190,6 @@ def test_an_unknown_model_is_not_found_and_writes_nothing(live_server, door):
     assert refused.value.body["code"] == "model_not_found"
     assert refused.value.body["param"] == "model"
     assert not Thread.objects.exists() and not Run.objects.exists()
-
-
-def test_client_tools_are_refused_by_name_not_dropped(live_server, door):
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError) as refused:
-        sdk(live_server).chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "hi"}], tools=[tool]
-        )
-    assert refused.value.body["param"] == "tools"
-    assert "client tools are not governed by the door yet" in refused.value.body["message"]
-    assert not Thread.objects.exists()
 
 
 def test_a_bad_token_is_an_authentication_error(live_server, door):
@@ -389,8 +399,9 @@ def test_two_first_requests_of_one_new_session_share_one_thread(django_user_mode
         try:
             with transaction.atomic():
                 conversation = conversation_for_turn(
-                    user, session_key="race-1", provider_chain=["solo"], system_prompt="",
-                    earlier=[], title="t", now=time_source.now(),
+                    user, session_key="race-1", client_model="solo", provider_chain=["solo"],
+                    system_prompt="", client_tools="", earlier=[], title="t",
+                    now=time_source.now(),
                 )  # fmt: skip
                 found[name] = conversation.thread.id
                 if hold:
