@@ -340,6 +340,10 @@ class Run(models.Model):
     # What the client asked of each request's reply (the door's sampling
     # parameters, ``max_tokens``, ``tool_choice``), sent as given to the provider.
     request_options = models.JSONField(default=dict, blank=True)
+    # The door: the digest of the client's messages this run answers (its
+    # history and the turn's increment). A request without a session id whose
+    # history is those messages and this run's answer continues its thread.
+    client_prefix = models.CharField(max_length=64, blank=True)
     callback_url = models.URLField(blank=True)
     # Who submitted it: a service account sees and acts on its own runs only
     # (dashboard/site/permissions.py); None: its user was deleted.
@@ -354,6 +358,12 @@ class Run(models.Model):
             models.Index(fields=["status", "created_at"]),
             # The runs page, newest first (bench/scale.py).
             models.Index(fields=["-created_at", "-id"], name="run_newest_first"),
+            # The door finds a conversation without a session id by its prefix.
+            models.Index(
+                fields=["owner", "client_prefix"],
+                name="run_client_prefix",
+                condition=~Q(client_prefix=""),
+            ),
         ]
         permissions = [
             ("submit_run", "Can submit runs"),

@@ -8,8 +8,8 @@ The conversation is the thread named by ``X-Session-Id`` (or
 ``metadata.session_id``), found and brought in line with the client's
 history by ``services.conversations``. The client's own tools are offered to
 the model; their calls are the run's answer (``finish_reason: tool_calls``)
-and their results the next request's increment. Not done yet: finding a
-conversation without a session id by its messages' prefix.
+and their results the next request's increment. Without a session id, a
+request continues the thread of the run whose answer its history ends with.
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
         segment=segment,
         increment=[m.as_item() for m in increment],
         request_options=_request_options(body),
+        client_prefix=conversations.prefix_of(said),
     )
     request.door_boundary = (conversation.boundary, conversation.trimmed)
     return run, stage, created, run.segment.key

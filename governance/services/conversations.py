@@ -2,8 +2,11 @@
 request is a turn of one of its user's threads (R1).
 
 A request names its conversation with a session id; the thread with that key
-of the same user is the conversation. Without one, each request is a new
-thread: finding a conversation by its messages' prefix is not done yet.
+of the same user is the conversation. Without one, its messages do: a run
+keeps the digest of the messages it answered (``Run.client_prefix``), so a
+request whose history is those messages and that run's answer continues the
+run's thread, found by an index lookup, whatever the number of threads
+(``prefix_of``). A request that continues no run of its user is a new thread.
 
 The client sends its whole history each time; the thread keeps the accepted
 history (R1.1). The messages after the client's last assistant message are
@@ -37,7 +40,7 @@ from typing import Any
 
 from django.db import transaction
 
-from governance.models import HistoryItem, Provider, Segment, Thread, ThreadSession
+from governance.models import HistoryItem, Provider, Run, Segment, Thread, ThreadSession
 from governance.rules.segments import NEW_SESSION_KINDS
 from governance.services.locks import hold_until_commit
 from governance.services.threads import (
@@ -85,6 +88,11 @@ class Message:
         if self.tool_call_id:
             item["tool_call_id"] = self.tool_call_id
         return {**item, "client_digest": self.digest}
+
+
+def prefix_of(messages: Sequence[Message]) -> str:
+    """The digest of a client's messages in order (``Run.client_prefix``)."""
+    return hashlib.sha256("\n".join(m.digest for m in messages).encode()).hexdigest()
 
 
 def _matches(kept: HistoryItem, sent: Message) -> bool:
@@ -137,13 +145,7 @@ def conversation_for_turn(
             # Two first requests of one new session: the second waits for the
             # first's thread instead of making its own (a unique-key error).
             hold_until_commit(f"conversation:{user.pk}:{session_key}")
-        thread = (
-            Thread.objects.select_for_update()
-            .filter(created_by=user, client_session_key=session_key)
-            .first()
-            if session_key
-            else None
-        )
+        thread = _thread_of(user, session_key, earlier)
         if thread is None:
             thread = create_thread(
                 provider_chain=provider_chain,
@@ -184,6 +186,24 @@ def conversation_for_turn(
         return Conversation(
             thread, segment, created=False, trimmed=before, boundary=segment.session.opened_by
         )
+
+
+def _thread_of(user, session_key: str | None, earlier: Sequence[Message]) -> Thread | None:
+    """The conversation's thread, locked: the session's, or without a session
+    id the thread of the user's latest run that answered ``earlier`` but its
+    last message (an assistant's: the increment starts after it)."""
+    threads = Thread.objects.select_for_update()
+    if session_key:
+        return threads.filter(created_by=user, client_session_key=session_key).first()
+    if not earlier or earlier[-1].role != "assistant":
+        return None
+    answered = (
+        Run.objects.filter(owner=user, client_prefix=prefix_of(earlier[:-1]))
+        .order_by("-created_at")
+        .values_list("thread_id", flat=True)
+        .first()
+    )
+    return threads.filter(pk=answered).first() if answered else None
 
 
 def _same_configuration(

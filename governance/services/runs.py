@@ -83,6 +83,7 @@ def submit_run(
     segment: Segment | None = None,
     increment: Sequence[dict[str, Any]] | None = None,
     request_options: dict[str, Any] | None = None,
+    client_prefix: str = "",
 ) -> tuple[Run, Stage | None, bool]:
     """Admit a run on the thread's open segment and queue its first stage.
 
@@ -90,7 +91,8 @@ def submit_run(
     this transaction (the API: one statement); otherwise it is read here.
     ``increment``: the first turn's new messages when they are more than
     ``input`` as one user message (the door's tool results, R3.1);
-    ``request_options``: what the client asked of each reply (``Run.request_options``).
+    ``request_options``: what the client asked of each reply (``Run.request_options``);
+    ``client_prefix``: the door's digest of the messages the run answers.
     Returns (run, first stage or None for a repeated key, created).
 
     One of the run's hot paths, in fixed SQL (``services.statements``): its
@@ -123,6 +125,7 @@ def submit_run(
         callback_url=thread.callback_url,
         previous_run=previous_run,
         request_options=request_options or {},
+        client_prefix=client_prefix,
         **_clocks(now, deadline_s, stage_budget_s, no_progress_s),
     )
     if previous_run is not None:
