@@ -132,6 +132,8 @@ def chunk_json(chunk) -> dict[str, Any]:
         "committed_at": iso(chunk.committed_at),
         "sent_at": iso(chunk.sent_at),
         "observed_at": iso(chunk.observed_at),
+        # The client's tool calls the chunk hands over (the door's client tools).
+        "tool_calls": list(chunk.tool_calls),
     }
 
 

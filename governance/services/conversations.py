@@ -237,28 +237,16 @@ def _same_configuration(
         )
         thread.provider_chain = list(provider_chain)
         segment = open_segment(thread)
-    if segment.system_prompt != system_prompt:
-        apply_boundary(
-            thread,
-            "prompt_change",
-            by=DOOR,
-            reason="the client's system prompt changed",
-            now=now,
-            system_prompt=system_prompt,
-            expected_segment=segment,
-        )
-        segment = open_segment(thread)
-    if segment.client_tools != client_tools:
-        apply_boundary(
-            thread,
-            "tool_surface_change",
-            by=DOOR,
-            reason="the client's tool list changed",
-            now=now,
-            client_tools=client_tools,
-            expected_segment=segment,
-        )
-        segment = open_segment(thread)
+    for kind, field, wanted, reason in (
+        ("prompt_change", "system_prompt", system_prompt, "the client's system prompt changed"),
+        ("tool_surface_change", "client_tools", client_tools, "the client's tool list changed"),
+    ):
+        if getattr(segment, field) != wanted:
+            apply_boundary(
+                thread, kind, by=DOOR, reason=reason, now=now, expected_segment=segment,
+                **{field: wanted},
+            )  # fmt: skip
+            segment = open_segment(thread)
     return segment
 
 

@@ -9,6 +9,7 @@ import json
 import threading
 from http.server import ThreadingHTTPServer
 
+import httpx
 import openai
 import pytest
 
@@ -17,7 +18,7 @@ from governance.models import HistoryItem, Provider, Run, Segment, Thread
 from governance.services import routes as route_services
 from governance.services.threads import apply_boundary
 from tests.tasks import test_openai_chat as chat
-from tests.tasks.test_openai_chat import TRIGGER, LoopbackProvider, sdk
+from tests.tasks.test_openai_chat import TOKEN, TRIGGER, LoopbackProvider, sdk
 
 # The chat tests' fixtures: a provider "echo" behind the route "chat", a client's token.
 door, provider_server = chat.door, chat.provider_server
@@ -65,6 +66,13 @@ def test_a_tool_round_trip_hands_the_call_to_the_client_and_continues_the_segmen
     run = Run.objects.get()
     assert run.settlement.outcome == "completed"
     assert "Calls the client's tools: get_weather" in run.chunks.get().text
+    # The run's API shows the calls the answer handed over.
+    shown = httpx.get(
+        f"{live_server.url}/api/v1/runs/{run.id}", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
+    assert shown["chunks"][0]["tool_calls"] == [
+        {"id": "call_w1", "name": "get_weather", "arguments": {"city": "Paris"}}
+    ]
 
     said += [
         choice.message.model_dump(exclude_none=True),
