@@ -86,14 +86,22 @@ def lost_messages_pass() -> int:
 
 def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None:
     run = watched.run
-    verdict = run_clocks.watchdog_breach(
-        now,
-        run_clocks.RunClockFacts(
-            run_started_at=run.created_at,
-            last_progress_at=max(run.last_progress_at, run.created_at),
-            deadline_at=run.deadline_at,
-        ),
-        no_progress_limit=timedelta(seconds=run.no_progress_limit_s),
+    last_progress_at = max(run.last_progress_at, run.created_at)
+    # Admitted or progressed by another process after this pass read the clock:
+    # no clock of it can have run out at ``now`` (and the rule refuses a fact
+    # newer than its time); the next pass watches it.
+    verdict = (
+        None
+        if last_progress_at > now
+        else run_clocks.watchdog_breach(
+            now,
+            run_clocks.RunClockFacts(
+                run_started_at=run.created_at,
+                last_progress_at=last_progress_at,
+                deadline_at=run.deadline_at,
+            ),
+            no_progress_limit=timedelta(seconds=run.no_progress_limit_s),
+        )
     )
     if verdict is not None:
         verdict = run_clocks.breach_to_record(

@@ -83,6 +83,24 @@ def test_broker_back_the_watchdog_resends_a_lost_stage_once(
     assert Run.objects.get(id=run.id).settlement.outcome == "completed"
 
 
+def test_a_run_admitted_or_progressed_after_the_pass_read_the_clock_is_left_to_the_next(
+    thread, manual_clock
+):
+    """R6.1: under load another process admits a run (or records its progress)
+    a moment after a watchdog pass read the clock; that run was settled as
+    unwatchable (its facts newer than the pass's time). It is not in breach:
+    the pass leaves it alone and the run answers."""
+    later = manual_clock() + timedelta(milliseconds=0.2)  # another process's reading
+    _run, stage, _ = services.submit_run(thread, input="Hello", now=later)
+    progressed, stage2, _ = services.submit_run(thread, input="Hi", now=manual_clock())
+    Run.objects.filter(id=progressed.id).update(last_progress_at=later)
+    assert watchdog_pass() == {"breached": 0, "republished": 0, "unwatchable": 0}
+    manual_clock.advance(seconds=0.001)  # the worker claims the stages afterwards
+    assert run_stage(stage.id) == "accepted" and run_stage(stage2.id) == "accepted"
+    outcomes = set(Run.objects.values_list("settlement__outcome", flat=True))
+    assert outcomes == {"completed"}
+
+
 def test_a_run_whose_stored_limits_break_the_clock_rule_does_not_stop_the_watchdog(
     thread, manual_clock
 ):
