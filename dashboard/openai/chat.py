@@ -68,10 +68,8 @@ def chat_completions(request: HttpRequest) -> HttpResponse:
                 request.api_user = authenticate(request)
             except ApiError as exc:
                 raise DoorError(401, exc.message, code="invalid_api_key") from None
-            if not permissions.allowed(
-                request.api_user, permissions.SUBMIT_RUN, request.api_scopes
-            ):
-                raise DoorError(403, permissions.refusal(permissions.SUBMIT_RUN))
+            if refused := permissions.door_refusal(request.api_user, request.api_scopes):
+                raise DoorError(403, refused)
             body = _parse(request)
             run, stage, created, segment_key = _admit(request, body)
         if created:
@@ -166,6 +164,7 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
         trace_context=carrier,
         run_id=run_id,
         segment=segment,
+        api_token=request.api_token,
     )
     return run, stage, created, run.segment.key
 
@@ -336,4 +335,4 @@ def _usage(facts: RunFacts) -> dict[str, int]:
     }
 
 
-permissions.declare(chat_completions, {"POST": permissions.SUBMIT_RUN})
+permissions.declare(chat_completions, {"POST": permissions.USE_OPENAI_DOOR})
