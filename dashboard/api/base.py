@@ -93,10 +93,10 @@ def authenticate(request: HttpRequest):
     if user is None or not user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
     request.api_scopes = tuple(row.scopes or ())
-    request.api_token = ApiToken.from_db(
+    request.api_token = ApiToken.from_db(  # values in the model's field order, as from_db wants
         connection.alias,
-        ["id", "name", "user_id", "last_used_at", "scopes"],
-        [row.id, row.name, user.pk, row.last_used_at, row.scopes],
+        ["id", "user_id", "name", "last_used_at", "scopes"],
+        [row.id, user.pk, row.name, row.last_used_at, row.scopes],
     )
     sql.cache_related(request.api_token, "user", user)
     now = time_source.now()
