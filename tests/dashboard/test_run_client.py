@@ -193,12 +193,15 @@ def test_the_door_scope_is_offered_with_its_words_where_tokens_are_made(
 def test_the_migration_keeps_the_door_for_whoever_could_call_it(django_user_model):
     """0022: the door needed submit_run before; users, groups and tokens that
     had it keep the door, and a token scoped to submit_run gains its scope."""
-    from django.apps import apps
     from django.contrib.auth.models import Group, Permission
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
 
-    update_roles = importlib.import_module(
-        "governance.migrations.0022_openai_door_scope_run_client"
-    ).update_roles
+    name = "0022_openai_door_scope_run_client"
+    update_roles = importlib.import_module(f"governance.migrations.{name}").update_roles
+    # The models as of the migration: its permissions step unsets each app's
+    # models module on the registry it is given, never to be done to the live one.
+    state = MigrationExecutor(connection).loader.project_state(("governance", name))
     door = Permission.objects.get(codename="use_openai_door")
     submit = Permission.objects.get(codename="submit_run")
     by_hand = django_user_model.objects.create_user("by-hand")
@@ -213,7 +216,7 @@ def test_the_migration_keeps_the_door_for_whoever_could_call_it(django_user_mode
     )
     for group in Group.objects.filter(name__in=["operator", "agent-client"]):
         group.permissions.remove(door)
-    update_roles(apps, None)
+    update_roles(state.apps, None)
     assert door in by_hand.user_permissions.all() and door in custom.permissions.all()
     assert set(Group.objects.filter(permissions=door).values_list("name", flat=True)) == {
         "operator", "agent-client", "night shift",
