@@ -351,6 +351,14 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
         related_name="+",
     )  # fmt: skip
+    # The API token that submitted it (the run API or the OpenAI door), and its
+    # name copied at submit: the name is the record (it stays readable when the
+    # token is revoked or deleted, as ``authorization`` keeps who asked); the
+    # link tells tokens of the same name apart while the token exists.
+    api_token = models.ForeignKey(
+        "ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    client_name = models.CharField(max_length=100, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -369,6 +377,7 @@ class Run(models.Model):
             ("submit_run", "Can submit runs"),
             ("cancel_run", "Can stop runs"),
             ("see_all_runs", "Can see every thread and run, not only their own"),
+            ("use_openai_door", "Can call the OpenAI-compatible door"),
         ]
 
 

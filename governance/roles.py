@@ -10,6 +10,9 @@ from __future__ import annotations
 # codename, with what each lets a user do. dashboard/site/permissions.py names them.
 ACTIONS: dict[str, str] = {
     "submit_run": "submit runs",
+    # The door (/v1/chat/completions) submits runs too: it also needs the
+    # role's submit_run, but a token's scope may name the door alone.
+    "use_openai_door": "call the OpenAI-compatible door (/v1/chat/completions)",
     "cancel_run": "stop runs",
     "see_all_runs": "see every thread and run (without it: only their own)",
     "apply_boundary": "force boundaries",
@@ -28,6 +31,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "acknowledge_notification",
         "apply_boundary",
         "submit_run",
+        "use_openai_door",
         "cancel_run",
         "view_insights",
         "see_all_runs",
@@ -35,8 +39,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     # Reads everything, changes nothing (no Stop either).
     "manager": ("view_delivery_report", "view_insights", "see_all_runs"),
     # Service accounts of the agent products: submit runs, watch and stop them,
-    # their own only (no see_all_runs).
-    "agent-client": ("submit_run", "cancel_run"),
+    # their own only (no see_all_runs); through the API or the OpenAI door.
+    "agent-client": ("submit_run", "use_openai_door", "cancel_run"),
 }
 
 

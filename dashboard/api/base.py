@@ -68,7 +68,7 @@ USER_ATTNAMES = [field.attname for field in USER_FIELDS]
 # Every API request reads this: fixed SQL (services.statements), a fenced hot path.
 TOKEN_AND_USER = sql.Read(
     {
-        **sql.fields_of(ApiToken, "id", "last_used_at", "scopes"),
+        **sql.fields_of(ApiToken, "id", "name", "last_used_at", "scopes"),
         **{f"user_{field.attname}": field for field in USER_FIELDS},
     },
     f"FROM {sql.table(ApiToken)} JOIN {sql.table(User)}"
@@ -78,7 +78,9 @@ TOKEN_AND_USER = sql.Read(
 
 
 def authenticate(request: HttpRequest):
-    """The token's user, read with the token in one fixed statement, or 401."""
+    """The token's user, read with the token in one fixed statement, or 401.
+    The token itself (id and name: the run's client) is ``request.api_token``,
+    its scopes ``request.api_scopes``."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -91,6 +93,12 @@ def authenticate(request: HttpRequest):
     if user is None or not user.is_active:
         raise ApiError(401, "Authorization", "unknown or revoked token")
     request.api_scopes = tuple(row.scopes or ())
+    request.api_token = ApiToken.from_db(  # values in the model's field order, as from_db wants
+        connection.alias,
+        ["id", "user_id", "name", "last_used_at", "scopes"],
+        [row.id, user.pk, row.name, row.last_used_at, row.scopes],
+    )
+    sql.cache_related(request.api_token, "user", user)
     now = time_source.now()
     if row.last_used_at is None or now - row.last_used_at >= TOKEN_USE_PRECISION:
         # "Last used" to the minute: not one write per request of a busy client.

@@ -58,6 +58,8 @@ def run_answer(facts: RunFacts) -> dict[str, Any]:
         "status": run.status,
         "phase": run.phase,
         "input": run.input,
+        # The name of the API token that submitted it (None: not by a token).
+        "client": run.client_name or None,
         "created_at": run.created_at.isoformat(),
         "deadline_at": run.deadline_at.isoformat(),
         "last_progress_at": iso(run.last_progress_at),
@@ -203,6 +205,7 @@ def submit_run(request: HttpRequest, thread_id: str) -> JsonResponse:
         deadline_s=body.deadline_s,
         stage_budget_s=body.stage_budget_s,
         no_progress_s=body.no_progress_s,
+        api_token=request.api_token,
     )
     if created:
         spans.note_admission_segment(run.segment.key)

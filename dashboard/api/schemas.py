@@ -241,6 +241,10 @@ class RunAnswer(Answer):
     status: str
     phase: str
     input: str
+    client: str | None = Field(
+        description="the name of the API token that submitted the run (the run API or the"
+        " OpenAI door), as it was then; null: not submitted with a token"
+    )
     created_at: str
     deadline_at: str
     lifecycle: list[dict]

@@ -70,10 +70,8 @@ def chat_completions(request: HttpRequest) -> HttpResponse:
                 request.api_user = authenticate(request)
             except ApiError as exc:
                 raise DoorError(401, exc.message, code="invalid_api_key") from None
-            if not permissions.allowed(
-                request.api_user, permissions.SUBMIT_RUN, request.api_scopes
-            ):
-                raise DoorError(403, permissions.refusal(permissions.SUBMIT_RUN))
+            if refused := permissions.door_refusal(request.api_user, request.api_scopes):
+                raise DoorError(403, refused)
             body = _parse(request)
             run, stage, created, segment_key = _admit(request, body)
         if created:
@@ -175,6 +173,7 @@ def _admit(request: HttpRequest, body: ChatCompletionRequest):
         increment=[m.as_item() for m in increment],
         request_options=_request_options(body),
         client_prefix=conversations.prefix_of(said),
+        api_token=request.api_token,
     )
     request.door_boundary = (conversation.boundary, conversation.trimmed)
     return run, stage, created, run.segment.key
@@ -404,4 +403,4 @@ def _usage(facts: RunFacts) -> dict[str, int]:
     }
 
 
-permissions.declare(chat_completions, {"POST": permissions.SUBMIT_RUN})
+permissions.declare(chat_completions, {"POST": permissions.USE_OPENAI_DOOR})

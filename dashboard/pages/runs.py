@@ -18,7 +18,7 @@ from dashboard.queries import costs
 from dashboard.queries import runs as queries
 from dashboard.site import permissions
 from governance import time_source
-from governance.models import Provider, Run
+from governance.models import Provider, Run, Thread
 
 PAGE_SIZE = 25
 
@@ -93,6 +93,15 @@ def runs(request: HttpRequest) -> HttpResponse:
         "page_obj": page,
         "rows": queries.run_rows(list(page.object_list), time_source.now()),
     }
+    if filters.thread:
+        # One thread's runs: the thread, with its door session and clients.
+        thread = (
+            Thread.objects.filter(id=filters.thread)
+            .only("id", "title", "client_session_key", "created_by")
+            .first()
+        )
+        if thread is not None and permissions.may_see(request.user, thread.created_by_id):
+            context.update(thread=thread, clients=queries.thread_clients(thread.id))
     template = "runs/list.html#run-list" if request.htmx else "runs/list.html"
     return render(request, template, context, status=200 if valid else 400)
 

@@ -21,6 +21,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from dashboard.pages import segment_html
 from dashboard.queries import costs
+from dashboard.queries import runs as run_queries
 from dashboard.queries import segments as queries
 from dashboard.site import permissions
 from dashboard.site.status import human_duration
@@ -187,6 +188,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
         models=queries.switchable_models(segment) if can_act else [],
         kinds=KINDS,
         bad_cursor=not readable,
+        clients=run_queries.thread_clients(segment.thread_id),  # the API tokens that ran on it
         cost=costs.summary_view(costs.cost_summary(segment.attempts.all())),
     )
     return render(request, "segments/detail.html", context, status=200 if readable else 400)

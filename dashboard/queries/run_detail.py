@@ -50,7 +50,7 @@ STAGE_FIELDS = tuple(
 
 @dataclass
 class RunFacts:
-    run: Run  # with its thread (id, title), segment and settlement
+    run: Run  # with its thread (id, title, door session), segment and settlement
     settlement: Settlement | None
     stages: list[Stage]
     attempts: list[ProviderAttempt]  # oldest first, each with its stage, segment and provider
@@ -100,7 +100,8 @@ class _Shapes:
 @cache
 def _shapes() -> _Shapes:
     """The statements and their columns, built once per process."""
-    run, thread = sql.columns(Run, "r"), sql.Columns(Thread, "t", only=("id", "title"))
+    run = sql.columns(Run, "r")
+    thread = sql.Columns(Thread, "t", only=("id", "title", "client_session_key"))
     segment, settlement = sql.columns(Segment, "s"), sql.columns(Settlement, "x")
     stage = sql.Columns(Stage, "st", only=STAGE_FIELDS)
     attempt = sql.Columns(ProviderAttempt, "a", only=ATTEMPT_FIELDS)

@@ -14,7 +14,16 @@ from datetime import UTC, date, datetime, time, timedelta
 from html import escape
 from typing import Any
 
-from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import (
+    Count,
+    Exists,
+    IntegerField,
+    Min,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Value,
+)
 from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.utils import timezone
@@ -22,6 +31,7 @@ from django.utils.safestring import mark_safe
 
 from dashboard.queries.run_detail import receipt_latency_ms, run_facts
 from governance.models import (
+    ApiToken,
     BodyChunk,
     BudgetEntry,
     ProviderAttempt,
@@ -352,6 +362,9 @@ class RunPage:
     delivery: DeliveryEvidence | None  # R7.3's reading of the chunks; None: unreadable
     duration: str
     deadline_passed: bool = False  # unsettled and past its overall deadline (R6.1)
+    # What became of the API token that submitted it (its name is on the run):
+    # "" (still active, or no token), "revoked" or "deleted".
+    client_token_state: str = ""
 
 
 RESOURCE_WORDS = {
@@ -438,6 +451,31 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         delivery=_delivery_evidence(chunks),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
         deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),
+        client_token_state=client_token_state(run),
+    )
+
+
+def client_token_state(run: Run) -> str:
+    """The run's token now: "" (active, or the run had none), "revoked" or
+    "deleted" (the run keeps the name it had). One read, for a token's run only."""
+    if not run.client_name:
+        return ""
+    if run.api_token_id is None:
+        return "deleted"
+    revoked = ApiToken.objects.filter(id=run.api_token_id, revoked_at__isnull=False).exists()
+    return "revoked" if revoked else ""
+
+
+def thread_clients(thread_id: uuid.UUID) -> list[str]:
+    """The names of the API tokens that submitted the thread's runs (as each
+    run recorded it), the earliest first: one grouped read, however long the thread."""
+    return list(
+        Run.objects.filter(thread_id=thread_id)
+        .exclude(client_name="")
+        .values("client_name")
+        .annotate(first=Min("created_at"))
+        .order_by("first", "client_name")
+        .values_list("client_name", flat=True)
     )
 
 

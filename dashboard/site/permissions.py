@@ -40,6 +40,7 @@ VIEW_INSIGHTS = "governance.view_insights"
 MANAGE_PROVIDERS = "governance.change_provider"
 MANAGE_TOOLS = "governance.change_toolserver"
 SEE_ALL_RUNS = "governance.see_all_runs"
+USE_OPENAI_DOOR = "governance.use_openai_door"
 # Declared by a write on the user's own things only (its API tokens): being
 # signed in is the check. Never a write on shared facts.
 SIGNED_IN = "signed-in"
@@ -63,6 +64,18 @@ def allowed(user, permission: str, scopes=()) -> bool:
 def refusal(permission: str) -> str:
     codename = permission.split(".", 1)[1]
     return f"this needs the '{codename}' permission (to {ACTIONS[codename]})"
+
+
+def door_refusal(user, scopes=()) -> str | None:
+    """Why the OpenAI-compatible door refuses the token (None: it may call it).
+    The door submits runs, so the role must grant both ``use_openai_door`` and
+    ``submit_run``; a token's scopes need only name the door (a token scoped to
+    the door alone calls it, and the run API's writes stay closed to it)."""
+    if not allowed(user, USE_OPENAI_DOOR, scopes):
+        return refusal(USE_OPENAI_DOOR)
+    if not user.has_perm(SUBMIT_RUN):
+        return refusal(SUBMIT_RUN)
+    return None
 
 
 def sees_all(user, scopes=()) -> bool:

@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from governance.models import (
+    ApiToken,
     BudgetAccount,
     BudgetEntry,
     Run,
@@ -84,8 +85,12 @@ def submit_run(
     increment: Sequence[dict[str, Any]] | None = None,
     request_options: dict[str, Any] | None = None,
     client_prefix: str = "",
+    api_token: ApiToken | None = None,
 ) -> tuple[Run, Stage | None, bool]:
     """Admit a run on the thread's open segment and queue its first stage.
+
+    ``api_token``: the token that asked (the run API, the OpenAI door): the
+    run's client, its name copied so it stays readable after the token goes.
 
     ``segment``: the open segment, when the caller read it with the thread in
     this transaction (the API: one statement); otherwise it is read here.
@@ -120,6 +125,8 @@ def submit_run(
         last_progress_at=now,
         authorization=_authorization(user, now),
         owner=user if getattr(user, "pk", None) is not None else None,
+        api_token=api_token,
+        client_name=api_token.name if api_token is not None else "",
         idempotency_key=idempotency_key or None,
         trace_context=trace_context or {},
         callback_url=thread.callback_url,

@@ -8,10 +8,11 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import Group
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from dashboard.site import permissions
 from governance import services, time_source
@@ -154,13 +155,23 @@ def someones_run(codename: str | None):
     return expect
 
 
+def door(actor: str):
+    """use_openai_door (by role and scope) and submit_run (by role: a scoped
+    token's user here is a superuser, whose role grants everything)."""
+    if actor.startswith("scope:"):
+        return "ok" if holds(actor, "use_openai_door") else 403
+    return "ok" if holds(actor, "use_openai_door") and holds(actor, "submit_run") else 403
+
+
 API_WRITES = {
     "create thread": needs("submit_run"),
     "submit run on own thread": needs("submit_run"),
     "submit run on someone's thread": on_someones("submit_run"),
     # A new thread of the actor's (no session id), its run admitted; the answer
-    # waits for the settlement, which this test does not read.
-    "chat completion (OpenAI door)": needs("submit_run"),
+    # waits for the settlement, which this test does not read. The door submits
+    # runs: the role must grant submit_run too, but a token's scope names the
+    # door alone (scope:submit_run alone is refused, scope:use_openai_door is not).
+    "chat completion (OpenAI door)": door,
     "force boundary": needs("apply_boundary"),
     "cancel own run": lambda actor: "ok" if as_owner(actor, "cancel_run") else 403,
     "cancel someone's run": someones_run("cancel_run"),
@@ -259,14 +270,15 @@ def written() -> tuple:
     )
 
 
-def api_request(client, world: World, action: str):
+def api_calls(world: World) -> dict[str, tuple[str, str, dict | None]]:
+    """Each row's request: (method, path, body)."""
     t, r, their_t, their_r = (
         world.thread.id,
         world.run.id,
         world.their_thread.id,
         world.their_run.id,
     )
-    calls = {
+    return {
         "create thread": ("POST", "/api/v1/threads", {"provider_chain": ["p"]}),
         "submit run on own thread": ("POST", f"/api/v1/threads/{t}/runs", {"input": "again"}),
         "submit run on someone's thread": (
@@ -299,7 +311,10 @@ def api_request(client, world: World, action: str):
         ),
         "change tool": ("PATCH", "/api/v1/tools/weather", {"enabled": False, "reason": "x"}),
     }  # fmt: skip
-    method, path, body = calls[action]
+
+
+def api_request(client, world: World, action: str):
+    method, path, body = api_calls(world)[action]
     return client.generic(
         method, path, json.dumps(body) if body is not None else b"",
         content_type="application/json", headers={"Authorization": "Bearer actor-token-1"},
@@ -341,6 +356,24 @@ def check(response, expected, before) -> None:
         assert written() == before
 
 
+def test_every_write_of_the_api_and_the_door_is_a_row_of_the_table():
+    """The OpenAI door's included: a new write endpoint cannot miss the table."""
+    ids = {name: SimpleNamespace(id=uuid.uuid4()) for name in ("thread", "run", "their_thread")}
+    fake = SimpleNamespace(**ids, their_run=SimpleNamespace(id=uuid.uuid4()),
+                           notification=SimpleNamespace(id=1))  # fmt: skip
+    rows = {(method, resolve(path).func) for method, path, _body in api_calls(fake).values()}
+    assert set(api_calls(fake)) == set(API_WRITES)
+    missing = [
+        (route, method)
+        for route, view in routes()
+        if route.startswith(("api/v1/", "v1/"))
+        for method in view.required_permissions
+        if method in WRITES and (method, view) not in rows
+    ]
+    assert missing == []
+    assert ("POST", resolve("/v1/chat/completions").func) in rows
+
+
 @pytest.mark.parametrize("actor", API_ACTORS)
 @pytest.mark.parametrize("action", list(API_WRITES))
 def test_api_writes_by_role_and_scope(client, django_user_model, make_user, actor, action):
@@ -349,9 +382,21 @@ def test_api_writes_by_role_and_scope(client, django_user_model, make_user, acto
     response = api_request(client, world, action)
     check(response, API_WRITES[action](actor), before)
     if response.status_code == 403:
-        assert "permission" in (message := response.json()["error"]["message"]) or (
-            "owner" in message
-        )
+        error = response.json()["error"]
+        assert "permission" in error["message"] or "owner" in error["message"]
+        if action == "chat completion (OpenAI door)":
+            # OpenAI's shape: its SDK raises PermissionDeniedError on it.
+            assert error["type"] == "permission_error"
+            assert "'use_openai_door'" in error["message"] or "'submit_run'" in error["message"]
+
+
+@pytest.mark.parametrize("actor", API_ACTORS)
+def test_any_token_lists_the_doors_models(client, django_user_model, actor):
+    """The door's read (GET /v1/models): any valid token, whatever its role or scope."""
+    make_actor(django_user_model, actor)
+    answer = client.get("/v1/models", headers={"Authorization": "Bearer actor-token-1"})
+    assert answer.status_code == 200 and answer.json()["object"] == "list"
+    assert client.get("/v1/models").status_code == 401
 
 
 @pytest.mark.parametrize("actor", PAGE_ACTORS)

@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
 from governance import time_source
-from governance.roles import ROLES, ensure_roles
+from governance.roles import ACTIONS, ROLES, ensure_roles
 from governance.services.errors import ServiceError
 from governance.services.tokens import TOKEN_SCOPES, create_token
 
@@ -27,9 +27,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--create-user", action="store_true", help="make the user if it does not exist"
         )
+        scopes = "; ".join(f"{scope}: {ACTIONS[scope]}" for scope in TOKEN_SCOPES)
         parser.add_argument(
-            "--scope", action="append", default=[], choices=TOKEN_SCOPES,
-            help="limit the token to this permission (repeatable; default: the user's role)",
+            "--scope", action="append", default=[], choices=TOKEN_SCOPES, metavar="SCOPE",
+            help="limit the token to this permission (repeatable; default: the user's role)."
+            f" Scopes: {scopes}",
         )  # fmt: skip
 
     def handle(self, *args, username, name, role, create_user, scope, **options):
