@@ -117,7 +117,7 @@ def test_a_repeated_request_where_every_provider_is_cooling_sends_nothing(
     """R3.2, R3.7: both providers of the route refused the first request; the
     same request five times more, minutes apart, sends nothing to either and
     answers ``content_filter`` at once, naming them, their state and the
-    boundary that clears it."""
+    boundary that clears it; streamed too."""
     client = sdk(live_server).with_options(default_headers={"X-Session-Id": "walled-1"})
     said = [{"role": "user", "content": f"Say {TRIGGER}."}]
     first = client.chat.completions.create(model="walled", messages=said)
@@ -133,10 +133,15 @@ def test_a_repeated_request_where_every_provider_is_cooling_sends_nothing(
         assert "stern: cooling until" in refusal and "strict: cooling until" in refusal
         assert f"A boundary clears it: {BOUNDARY_ACTIONS_TEXT}." in refusal
         assert again.model_extra["governance"]["provider_id"] is None
+    # Streamed, the same answer: no text, the refusal in the last chunk's delta.
+    pieces = list(client.chat.completions.create(model="walled", messages=said, stream=True))
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == ""
+    assert pieces[-1].choices[0].finish_reason == "content_filter"
+    assert RULE_TEXT in pieces[-1].choices[0].delta.refusal
     assert (sent_to("strict-1"), sent_to("stern-1")) == (1, 1)  # not one byte more
     thread = Thread.objects.get()
     assert Segment.objects.filter(thread=thread).count() == 1
-    assert Run.objects.filter(thread=thread).count() == 6
+    assert Run.objects.filter(thread=thread).count() == 7
     assert ProviderAttempt.objects.count() == 2
 
 
