@@ -41,6 +41,7 @@ from governance import services, time_source
 from governance.models import Provider, Route, Run
 from governance.rules.cost import usage_tokens
 from governance.rules.refusal import refusal_answer_text
+from governance.rules.settlement import ReasonCode
 from governance.rules.tools import client_tool_list
 from governance.services import conversations, stream
 from governance.services.admission import Overloaded
@@ -353,7 +354,11 @@ def completion(facts: RunFacts) -> dict[str, Any]:
     calls = facts.handed_calls
     refusal = None
     finish_reason = "tool_calls" if calls else "stop"
-    if answered_by is None and any(a.result == "refused" for a in facts.attempts):
+    if answered_by is None and (
+        any(a.result == "refused" for a in facts.attempts)
+        # Every provider skipped, none asked: each is cooling or frozen here.
+        or (facts.settlement and facts.settlement.reason_code == ReasonCode.NO_ELIGIBLE_PROVIDER)
+    ):
         # R3.7: every provider of the chain refused (cooling or frozen) here.
         finish_reason = "content_filter"
         refusal = refusal_answer_text(

@@ -20,6 +20,9 @@ history the thread accepted, as the client saw it:
 * after an operator's compact or fresh start the client still sends the
   history before it: that prefix is recognized and not forwarded (the new
   session's accepted history is: nothing, or the summary);
+* messages past the accepted history that no turn accepted (a refused
+  turn's message, and the empty answer it got) join it as the client's, in
+  the same segment, so its refusal state holds (R3.2);
 * anything else (an edited or dropped message) opens a new session by the
   door (a fresh start by "openai-door" saying where the histories diverged)
   whose accepted history is the client's.
@@ -168,6 +171,16 @@ def conversation_for_turn(
         sessions = _client_sessions(thread, segment.session)
         seen = [item for session in sessions for item in _client_seen(session)]
         at = diverged_at(seen, earlier)
+        extra = earlier[len(seen) :]
+        if at == len(seen) + 1 and extra and all(m.role != "tool" for m in extra):
+            # The client's history goes on past the accepted one with messages
+            # no turn accepted (a refused turn's message and the empty answer
+            # the client got): they join the accepted history as the client's.
+            # A fresh start instead would clear the segment's refusal state
+            # and ask every provider again, every turn (R3.2). Tool results
+            # still come only as a turn's increment (R3.1).
+            _accept(segment, extra, now)
+            at = None
         if at is not None:
             apply_boundary(
                 thread,

@@ -16,6 +16,12 @@ from governance.services.broker import BROKER_EPOCH_KEY, lane_keys
 from governance.services.tokens import token_digest
 from tasks import celery_app
 from tests.conftest import requires_services
+from tests.tasks.openai_door import (  # noqa: F401 (the door's fixtures, for its test modules)
+    asgi_server,
+    door,
+    lenient_server,
+    provider_server,
+)
 
 
 @pytest.fixture

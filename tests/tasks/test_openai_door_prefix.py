@@ -10,13 +10,10 @@ from django.db import connection, transaction
 from governance.models import ApiToken, Run, Segment, Thread
 from governance.services.conversations import Message, prefix_of
 from governance.services.tokens import token_digest
-from tests.tasks import test_openai_chat as chat
-from tests.tasks.test_openai_chat import sdk
+from tests.tasks.openai_door import sdk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The chat tests' fixtures: a provider "echo" behind the route "chat", a client's token.
-door, provider_server = chat.door, chat.provider_server
 OTHER_TOKEN = "door-other-token-" + "d" * 24
 
 

@@ -6,8 +6,6 @@ loopback OpenAI-compatible providers."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import ThreadingHTTPServer
 
 import httpx
 import openai
@@ -17,11 +15,7 @@ from governance import time_source
 from governance.models import HistoryItem, Provider, Run, Segment, Thread
 from governance.services import routes as route_services
 from governance.services.threads import apply_boundary
-from tests.tasks import test_openai_chat as chat
-from tests.tasks.test_openai_chat import TOKEN, TRIGGER, LoopbackProvider, sdk
-
-# The chat tests' fixtures: a provider "echo" behind the route "chat", a client's token.
-door, provider_server = chat.door, chat.provider_server
+from tests.tasks.openai_door import TOKEN, TRIGGER, LoopbackProvider, sdk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,29 +189,16 @@ def test_a_refused_tool_result_is_accepted_reworded_and_the_clients_bytes_still_
         assert TRIGGER not in json.dumps(request["messages"])
 
 
-class FallbackProvider(LoopbackProvider):
-    """The same server, never refusing: the route's fallback."""
-
-    requests: list[dict] = []  # noqa: RUF012 (reset per test)
-    refuses = False
-
-
 @pytest.fixture
-def fallback_route(door):
-    FallbackProvider.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FallbackProvider)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def fallback_route(door, lenient_server):
+    """The route ``guarded``: the refusing ``echo``, then ``fallback`` (lenient)."""
     Provider.objects.create(
-        provider_id="fallback", kind="openai", model="echo-2",
-        base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+        provider_id="fallback", kind="openai", model="echo-2", base_url=lenient_server,
         api_key_env="GOVERNANCE_KEY_ECHO",
     )  # fmt: skip
     route_services.create_route(
         name="guarded", provider_chain=["echo", "fallback"], by="tests", now=time_source.now()
     )
-    yield
-    server.shutdown()
-    server.server_close()
 
 
 def test_an_operators_fresh_start_drops_the_refused_history_from_what_is_forwarded(
