@@ -48,9 +48,12 @@ Each client is one kept-alive connection of the standard library's
 http.client in a thread of this process (httpx costs several times as much
 CPU per request, taken from the two cores the gateways run on); the same
 clients drive all three. Context printed under the table: the same requests
-one at a time (one client), the machine's CPU per request during each phase
-(from /proc: gateway, provider and client together), the provider requests
-per client request, the answers each gateway gave in the refusal scenario.
+one at a time (one client); the CPU per request during each phase (from
+/proc) of the gateway's own processes — ours: up's process tree and the
+PostgreSQL backends of its database; LiteLLM: its process tree —, of the
+provider, of the clients and of the whole machine (steadier than a latency
+on a shared machine); the provider requests per client request; the answers
+each gateway gave in the refusal scenario.
 
 Run: .venv/bin/python bench/gateway.py [N] [--clients K] [--turns T] [--json]
 [--keep] (defaults 400 requests per phase, 16 clients, 30 turns). Exit 0
@@ -422,7 +425,8 @@ class Phase:
     replies: list[Reply] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     elapsed_s: float = 0.0
-    machine_cpu_ms: float = 0.0  # the whole machine's busy CPU per answered request
+    # CPU ms per answered request by whose processes it was (/proc), and the whole machine's
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> list[Reply]:
@@ -432,8 +436,9 @@ class Phase:
         return [r.latency_ms for r in self.ok]
 
 
-def drive(target: Target, stream: bool, count: int, clients: int, mode: str) -> Phase:
-    """``count`` requests from ``clients`` concurrent clients, each taking the next."""
+def drive(target: Target, stream: bool, count: int, clients: int, mode: str, roles=None) -> Phase:
+    """``count`` requests from ``clients`` concurrent clients, each taking the
+    next; ``roles()``: pid → whose, for the CPU per request."""
     phase = Phase(target.name, mode)
     lock = threading.Lock()
     next_index = [0]
@@ -462,15 +467,15 @@ def drive(target: Target, stream: bool, count: int, clients: int, mode: str) -> 
             conn.close()
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    before = tp.machine_cpu()
+    before = tp.cpu_sample()
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     phase.elapsed_s = time.perf_counter() - start
-    after = tp.machine_cpu()
-    phase.machine_cpu_ms = (after[0] - before[0]) * 1000 / max(1, len(phase.ok))
+    after = tp.cpu_sample()
+    phase.cpu_ms = tp.cpu_per_run(before, after, roles() if roles else {}, max(1, len(phase.ok)))
     return phase
 
 
@@ -505,7 +510,33 @@ def provider_counts(system: tp.System) -> Counter:
     return Counter(system.provider_stats())
 
 
-def measure(targets: dict[str, Target], system: tp.System, args) -> dict:
+def descendants(table: dict[int, tuple[int, float]], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _cpu) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = set(), [root]
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(children.get(pid, []))
+    return found
+
+
+def whose(system: tp.System, litellm: LiteLLM) -> dict[int, str]:
+    """pid → ours (up's processes and the PostgreSQL backends of its database),
+    litellm (its process group), provider, clients (this process). Redis is
+    shared with others and not counted."""
+    table = tp.proc_table()
+    roles = {pid: "ours" for pid in descendants(table, system.up.pid)}
+    roles.update({pid: "ours" for pid in system.backend_pids()})
+    roles.update({pid: "litellm" for pid in descendants(table, litellm.proc.pid)})
+    roles[system.provider_proc.pid] = "provider"
+    roles[os.getpid()] = "clients"
+    return roles
+
+
+def measure(targets: dict[str, Target], system: tp.System, args, roles) -> dict:
     phases: dict[str, dict[str, Phase]] = {"json": {}, "stream": {}}
     lone: dict[str, dict[str, Phase]] = {"json": {}, "stream": {}}
     provider_per_request: dict[str, dict[str, float]] = {"json": {}, "stream": {}}
@@ -515,7 +546,7 @@ def measure(targets: dict[str, Target], system: tp.System, args) -> dict:
             if warm.errors:
                 log(f"warm-up {name} {mode}: {dict(warm.errors)}")
             before = provider_counts(system)
-            phase = drive(target, stream, args.requests, args.clients, mode)
+            phase = drive(target, stream, args.requests, args.clients, mode, roles)
             after = provider_counts(system)
             phases[mode][name] = phase
             provider_per_request[mode][name] = (after["requests"] - before["requests"]) / max(
@@ -555,7 +586,7 @@ def figures(measured: dict, refusal: dict) -> dict:
                 "rps": len(phase.ok) / phase.elapsed_s if phase.elapsed_s else None,
                 "p50_ms": tp.pct(mine, 50),
                 "p95_ms": tp.pct(mine, 95),
-                "machine_cpu_ms_per_request": phase.machine_cpu_ms,
+                "cpu_ms_per_request": phase.cpu_ms,
                 "provider_requests_per_request": measured["provider_per_request"][mode][name],
                 "errors": dict(phase.errors),
             }
@@ -644,12 +675,23 @@ def print_report(f: dict, args, litellm_version: str) -> None:
               f"{_ms(t['lone_added_p50_ms'])})")  # fmt: skip
         print(f"  {label}, under load: p50 / p95 direct {_ms(d['p50_ms'])} / {_ms(d['p95_ms'])}, "
               f"ours {_ms(o['p50_ms'])} / {_ms(o['p95_ms'])}, LiteLLM {_ms(t['p50_ms'])} / "
-              f"{_ms(t['p95_ms'])}; the whole machine's CPU per request: direct "
-              f"{d['machine_cpu_ms_per_request']:.1f} ms, ours "
-              f"{o['machine_cpu_ms_per_request']:.1f} "
-              f"ms, LiteLLM {t['machine_cpu_ms_per_request']:.1f} ms; provider requests per "
-              f"request: ours {o['provider_requests_per_request']:.2f}, LiteLLM "
+              f"{_ms(t['p95_ms'])}; provider requests per request: ours "
+              f"{o['provider_requests_per_request']:.2f}, LiteLLM "
               f"{t['provider_requests_per_request']:.2f}")  # fmt: skip
+        cpu = {
+            name: f[f"{name}_{mode}"]["cpu_ms_per_request"]
+            for name in ("direct", "ours", "litellm")
+        }
+        print(f"  {label}, CPU per request under load (/proc): the gateway's own processes "
+              f"ours {_ms(cpu['ours'].get('ours'))} (web, workers, beat and its PostgreSQL "
+              f"backends), LiteLLM {_ms(cpu['litellm'].get('litellm'))}; the provider "
+              f"{_ms(cpu['direct'].get('provider'))} direct / {_ms(cpu['ours'].get('provider'))}"
+              f" / {_ms(cpu['litellm'].get('provider'))}; the clients "
+              f"{_ms(cpu['direct'].get('clients'))} / {_ms(cpu['ours'].get('clients'))} / "
+              f"{_ms(cpu['litellm'].get('clients'))}; the whole machine (other users' work "
+              f"too) {_ms(cpu['direct'].get('whole machine'))} / "
+              f"{_ms(cpu['ours'].get('whole machine'))} / "
+              f"{_ms(cpu['litellm'].get('whole machine'))}")  # fmt: skip
         if mode == "stream":
             print(f"  streamed, time to the first data: line p50: direct "
                   f"{_ms(d['first_line_p50_ms'])}, ours {_ms(o['first_line_p50_ms'])} (a "
@@ -720,7 +762,7 @@ def main(argv: list[str]) -> int:
                               {"Authorization": f"Bearer {litellm.master_key}"}),
         }  # fmt: skip
         system.watcher.phase = "load"
-        measured = measure(targets, system, args)
+        measured = measure(targets, system, args, lambda: whose(system, litellm))
         system.watcher.phase = "refusal scenario"
         refusal = refusal_scenario(targets, system, args.turns)
         result = figures(measured, refusal)
