@@ -289,11 +289,16 @@ class _ProviderHandler(BaseHTTPRequestHandler):
         except ValueError:
             request = {}
         stream = bool(request.get("stream"))
-        model = request.get("model") or "bench-model"
         with self.lock:
             self.counts["requests"] += 1
             self.counts["stream" if stream else "json"] += 1
             self.counts["with_tools"] += 1 if request.get("tools") else 0
+        self.reply(request)
+
+    def reply(self, request: dict) -> None:
+        """The answer to a chat-completions request (a subclass may answer otherwise)."""
+        stream = bool(request.get("stream"))
+        model = request.get("model") or "bench-model"
         usage = {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
         if not stream:
             body = json.dumps({
@@ -331,10 +336,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256
 
 
-def serve_provider(port_queue) -> None:
+def serve_provider(port_queue, handler: type[_ProviderHandler] | None = None) -> None:
     """Runs in its own process so the benchmark's clients do not share its GIL."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
-    server = _Server(("127.0.0.1", 0), _ProviderHandler)
+    server = _Server(("127.0.0.1", 0), handler or _ProviderHandler)
     port_queue.put(server.server_address[1])
     server.serve_forever(poll_interval=0.2)
 
@@ -414,6 +419,10 @@ class ConnectionWatcher(threading.Thread):
 
 
 class System:
+    # The loopback provider's request handler (a subclass of _ProviderHandler
+    # defined at a module's top level, so the spawned process can import it).
+    provider_handler: type[_ProviderHandler] | None = None
+
     def __init__(self, database_url: str, redis_url: str) -> None:
         self.database_url = database_url
         self.redis_url = redis_url
@@ -552,7 +561,9 @@ class System:
     def start_provider(self) -> None:
         context = multiprocessing.get_context("spawn")
         port_queue = context.Queue()
-        self.provider_proc = context.Process(target=serve_provider, args=(port_queue,))
+        self.provider_proc = context.Process(
+            target=serve_provider, args=(port_queue, self.provider_handler)
+        )
         self.provider_proc.start()
         self.provider_port = port_queue.get(timeout=30)
         log(f"loopback provider on 127.0.0.1:{self.provider_port} (pid {self.provider_proc.pid})")
@@ -1490,6 +1501,26 @@ def print_report(n: int, lone_n: int, f: dict, load: dict, lone_facts, load_fact
 # --------------------------------------------------------------------------- main
 
 
+def bench_urls(database_default: str, redis_default: str) -> tuple[str, str]:
+    """``BENCH_DATABASE_URL`` and ``BENCH_REDIS_URL`` (or the bench's defaults), on loopback."""
+    database_url = os.environ.get("BENCH_DATABASE_URL", database_default)
+    redis_url = os.environ.get("BENCH_REDIS_URL", redis_default)
+    require_loopback(database_url, "BENCH_DATABASE_URL")
+    require_loopback(redis_url, "BENCH_REDIS_URL")
+    return database_url, redis_url
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so the system is stopped."""
+
+    def on_term(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    # Also when started in the background, where a shell leaves SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", type=int, default=300, help="N (default 300)")
@@ -1519,17 +1550,8 @@ def main(argv: list[str]) -> int:
     global CLIENTS
     args = parse_args(argv)
     CLIENTS = args.clients
-    database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    redis_url = os.environ.get("BENCH_REDIS_URL", DEFAULT_REDIS_URL)
-    require_loopback(database_url, "BENCH_DATABASE_URL")
-    require_loopback(redis_url, "BENCH_REDIS_URL")
-
-    def on_term(_signum, _frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    # Also when started in the background, where a shell leaves SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    database_url, redis_url = bench_urls(DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL)
+    interrupt_on_signals()
     system = System(database_url, redis_url)
     system.keep = args.keep
     client = None
