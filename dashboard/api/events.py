@@ -32,6 +32,7 @@ from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
+import dashboard.api.waits as run_waits
 from dashboard.api.base import (
     ApiError,
     authenticate,
@@ -212,33 +213,61 @@ async def event_batches(
     transport (R7.2 delivery evidence) once the consumer asks for the next: it
     yields the batch's bytes first. Ends detached (R7.1), never cancelled.
     Consumers close it (``contextlib.aclosing``) so a disconnect detaches at once."""
-    try:
-        idle_since = time.monotonic()
-        settled_empty = 0
-        while True:
-            events, settled = await off_loop(_read)(run_id, last_id)
-            if events:
-                yield events
-                # Resumed: the previous bytes were handed to the transport.
-                last_id = events[-1][0]
-                await off_loop(_written)(run_id, connection_id, events, time_source.now())
-                idle_since = time.monotonic()
-                if _ends(events):
-                    return  # R7.1: settlement streamed: replay/stream ends here
-                continue
-            if settled:
-                # Settled with nothing newer: the settlement event is behind us
-                # (or, for old data, missing); a second look closes the stream.
-                settled_empty += 1
-                if settled_empty >= 2:
-                    return
-            if time.monotonic() - idle_since >= KEEPALIVE_S:
-                yield []
-                idle_since = time.monotonic()
-            await _hub().wait(min(POLL_S * 2, KEEPALIVE_S) if settled else KEEPALIVE_S)
-    finally:
-        # R7.1: the transport went away (or the stream ended): detached, not cancelled.
-        await asyncio.shield(off_loop(_detach)(connection_id))
+    with run_waits.settlement_heard(str(run_id)) as settled_heard:
+        try:
+            batches = _batches(run_id, last_id, connection_id, settled_heard)
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    yield batch
+        finally:
+            # R7.1: the transport went away (or the stream ended): detached, not cancelled.
+            await asyncio.shield(off_loop(_detach)(connection_id))
+
+
+async def _batches(
+    run_id, last_id: int, connection_id: str | None, settled_heard: asyncio.Event
+) -> AsyncIterator[list[tuple[int, str, dict]]]:
+    idle_since = time.monotonic()
+    settled_empty = 0
+    while True:
+        events, settled = await off_loop(_read)(run_id, last_id)
+        if events:
+            yield events
+            # Resumed: the previous bytes were handed to the transport.
+            last_id = events[-1][0]
+            await off_loop(_written)(run_id, connection_id, events, time_source.now())
+            idle_since = time.monotonic()
+            if _ends(events):
+                return  # R7.1: settlement streamed: replay/stream ends here
+            continue
+        if settled:
+            # Settled with nothing newer: the settlement event is behind us
+            # (or, for old data, missing); a second look closes the stream.
+            settled_empty += 1
+            if settled_empty >= 2:
+                return
+        if time.monotonic() - idle_since >= KEEPALIVE_S:
+            yield []
+            idle_since = time.monotonic()
+        timeout = min(POLL_S * 2, KEEPALIVE_S) if settled else KEEPALIVE_S
+        await _woken(timeout, settled_heard)
+
+
+async def _woken(timeout: float, settled_heard: asyncio.Event) -> None:
+    """Until the hub sees a new event, the run's settlement is heard (its last
+    chunks commit with it: a one-turn run's answer is sent at once, not at the
+    hub's next poll), or ``timeout``."""
+    if not settled_heard.is_set():
+        waits = [
+            asyncio.ensure_future(_hub().wait(timeout)),
+            asyncio.ensure_future(settled_heard.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+    settled_heard.clear()
 
 
 async def _aevents(run_id, last_id: int, connection_id: str | None) -> AsyncIterator[bytes]:

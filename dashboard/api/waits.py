@@ -159,6 +159,13 @@ def _listener() -> _Listener:
     return found
 
 
+def settlement_heard(run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
+    """An event set when ``run_id``'s settlement is heard (a prompt to look,
+    like every notification here): for the run stream, whose last events
+    commit with the settlement, so it need not wait for its next poll."""
+    return _listener().watch(run_id)
+
+
 async def answer_when_settled(
     run_id: str,
     wait_s: float,

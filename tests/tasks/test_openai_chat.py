@@ -11,6 +11,7 @@ import time
 import openai
 import pytest
 
+import dashboard.api.events as events
 from governance import time_source
 from governance.models import Provider, Run, Segment, Thread
 from tests.tasks.openai_door import TOKEN, TRIGGER, LoopbackProvider, history, sdk
@@ -192,6 +193,24 @@ def test_the_door_under_asgi_answers_and_streams(asgi_server, worker, door):
     )
     assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: flow"
     assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_answer_is_sent_when_its_run_settles_not_at_the_next_poll(
+    asgi_server, worker, door, monkeypatch
+):
+    """The stream hears the settlement its last chunks commit with (R7.2): with
+    the new-event poll slowed past the client's patience (and the stream's own
+    15 s keep-alive wake with it), the answer still comes: before, it waited
+    for one of them."""
+    monkeypatch.setattr(events, "POLL_S", 120.0)
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=TOKEN, max_retries=0, timeout=8)
+    pieces = list(
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "prompt"}], stream=True
+        )
+    )
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "Echo: prompt"
+    assert Run.objects.get().chunks.get(chunk_no=1).sent_at is not None  # R7.2 evidence
 
 
 def test_a_backed_up_turns_queue_is_a_rate_limit_with_retry_after(
