@@ -157,11 +157,9 @@ def conversation_for_turn(
                 system_prompt=system_prompt,
                 client_tools=client_tools,
                 user=user,
+                client_session_key=session_key,
+                client_model=client_model,
             )
-            Thread.objects.filter(pk=thread.pk).update(
-                client_session_key=session_key, client_model=client_model
-            )
-            thread.client_session_key, thread.client_model = session_key, client_model
             segment = open_segment(thread)
             _accept(segment, earlier, now)
             return Conversation(thread, segment, created=True)

@@ -45,6 +45,8 @@ def create_thread(
     callback_url: str = "",
     user=None,
     client_tools: str = "",
+    client_session_key: str | None = None,
+    client_model: str = "",
 ) -> Thread:
     """A thread with its first session and segment 1 (R1.2)."""
     chain = check_provider_chain(list(provider_chain or []))
@@ -63,6 +65,8 @@ def create_thread(
             tool_surface=sorted(set(tool_surface)),
             system_prompt=system_prompt,
             client_tools=client_tools,
+            client_session_key=client_session_key,
+            client_model=client_model,
             callback_url=callback_url,
             created_by=user if getattr(user, "is_authenticated", False) else None,
             created_at=now,
