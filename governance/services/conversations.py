@@ -166,8 +166,10 @@ def conversation_for_turn(
         segment = _same_configuration(
             thread, client_model, provider_chain, system_prompt, client_tools, now
         )
-        sessions = _client_sessions(thread, segment.session)
-        seen = [item for session in sessions for item in _client_seen(session)]
+        seen_by_session = [
+            _client_seen(session) for session in _client_sessions(thread, segment.session)
+        ]
+        seen = [item for items in seen_by_session for item in items]
         at = diverged_at(seen, earlier)
         extra = earlier[len(seen) :]
         if at == len(seen) + 1 and extra and all(m.role != "tool" for m in extra):
@@ -191,7 +193,7 @@ def conversation_for_turn(
             segment = open_segment(thread)
             _accept(segment, earlier, now)
             return Conversation(thread, segment, created=False)
-        before = sum(len(_client_seen(session)) for session in sessions[:-1])
+        before = sum(len(items) for items in seen_by_session[:-1])
         if not before:
             return Conversation(thread, segment, created=False)
         return Conversation(
