@@ -113,11 +113,18 @@ class ToolServer(models.Model):
 
     class Kind(models.TextChoices):
         MCP = "mcp", "MCP server (Streamable HTTP)"
+        MCP_STDIO = "mcp_stdio", "MCP server (stdio: a command the workers run)"
         HTTP = "http", "HTTP endpoint with a JSON Schema"
 
     name = models.SlugField(max_length=40, unique=True)
-    kind = models.CharField(max_length=8, choices=Kind.choices)
-    url = models.CharField(max_length=500)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    url = models.CharField(max_length=500, blank=True)
+    # mcp_stdio kind: what each worker process starts (tasks.mcp_stdio). The
+    # environment is named, never stored: values come from the worker's own.
+    command = models.CharField(max_length=500, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env_names = models.JSONField(default=list, blank=True)
+    cwd = models.CharField(max_length=500, blank=True)
     token_env = models.CharField(max_length=100, blank=True)
     # http kind only
     method = models.CharField(max_length=8, blank=True)
@@ -127,7 +134,7 @@ class ToolServer(models.Model):
     verify_url = models.CharField(max_length=500, blank=True)
     timeout_s = models.FloatField(default=30.0)
     enabled = models.BooleanField(default=True)
-    # mcp kind: {tool: effect class} over the annotations' default
+    # mcp kinds: {tool: effect class} over the annotations' default
     effect_overrides = models.JSONField(default=dict, blank=True)
     listed_tools = models.JSONField(default=list, blank=True)
     schema_version = models.PositiveIntegerField(default=0)
@@ -139,11 +146,45 @@ class ToolServer(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # Held by no role: only an admin (superuser) decides what the workers run.
+        permissions = [
+            ("run_tool_command", "Can register or change a stdio tool server (a command)")
+        ]
 
     def __str__(self) -> str:
         # Not the URL: a row stored with credentials in it is shown masked, by the
         # services (governance.services.secrets.mask_url), never through this.
         return f"{self.name} ({self.kind})"
+
+
+class ToolProcess(models.Model):
+    """One worker process's running copy of a stdio tool server, as that
+    worker last reported it (``tasks.mcp_stdio``): the Tools page's state,
+    pid, uptime and the last lines the server wrote to stderr."""
+
+    class State(models.TextChoices):
+        STARTING = "starting", "starting"
+        RUNNING = "running", "running"
+        RESTARTING = "restarting", "restarting"
+        FAILED = "failed", "failed to start"
+        STOPPED = "stopped", "stopped"
+
+    server = models.ForeignKey(ToolServer, on_delete=models.CASCADE, related_name="processes")
+    worker = models.CharField(max_length=200)  # "{hostname}:{worker pid}"
+    state = models.CharField(max_length=12, choices=State.choices)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    next_start_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    stderr_tail = models.TextField(blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["server", "worker"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "worker"], name="tool_process_per_worker")
+        ]
 
 
 class ProviderHealthState(models.Model):

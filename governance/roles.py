@@ -21,6 +21,8 @@ ACTIONS: dict[str, str] = {
     "view_insights": "read the re-probe statistics and refusal costs (Insights)",
     "change_provider": "add or change providers",
     "change_toolserver": "add or change registry tools (MCP servers, HTTP tools)",
+    # No role holds it: the commands the workers run are an admin's decision.
+    "run_tool_command": "register or change a stdio tool server (a command the workers run)",
 }
 
 ROLES: dict[str, tuple[str, ...]] = {

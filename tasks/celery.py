@@ -10,7 +10,14 @@ import logging
 import os
 
 from celery import Celery, bootsteps
-from celery.signals import beat_init, task_postrun, worker_process_init, worker_ready
+from celery.signals import (
+    beat_init,
+    task_postrun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.site.settings")
 
@@ -62,9 +69,24 @@ def _instrument_worker_process(**_kwargs) -> None:
 
 @worker_ready.connect
 def _record_worker_ready(sender=None, **_kwargs) -> None:
+    import socket
+
+    from governance.services.tool_processes import forget_dead_workers
     from tasks.jobs import record_heartbeat
 
     record_heartbeat("worker", getattr(sender, "hostname", None))
+    # Stdio tool servers of this host's killed worker processes died with them
+    # (tasks/stdio_guard.py); their rows on the Tools page go too.
+    forget_dead_workers(socket.gethostname())
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _stop_stdio_tool_servers(**_kwargs) -> None:
+    import sys
+
+    if "tasks.mcp_stdio" in sys.modules:  # started only where a stdio tool was called
+        sys.modules["tasks.mcp_stdio"].POOL.stop_all()
 
 
 @beat_init.connect

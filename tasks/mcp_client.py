@@ -57,7 +57,7 @@ from governance.services.secrets import named_secret
 OUTPUT_MAX_CHARS = 16_000
 LIST_TIMEOUT_S = 10.0
 # Errors the SDK raises itself when no answer came (not the server's own words).
-_NO_ANSWER_CODES = frozenset({REQUEST_TIMEOUT, CONNECTION_CLOSED})
+NO_ANSWER_CODES = frozenset({REQUEST_TIMEOUT, CONNECTION_CLOSED})
 
 
 @dataclass
@@ -120,7 +120,7 @@ def _headers(server: ToolServer) -> dict[str, str] | str:
     return headers
 
 
-def _tool_row(tool: types.Tool) -> dict[str, Any]:
+def tool_row(tool: types.Tool) -> dict[str, Any]:
     annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if (
         tool.annotations
     ) else {}  # fmt: skip
@@ -132,31 +132,31 @@ def _tool_row(tool: types.Tool) -> dict[str, Any]:
     }
 
 
-async def _list_all(session: ClientSession) -> list[dict[str, Any]]:
+async def list_all(session: ClientSession) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     cursor = None
     for _page in range(100):  # a paginator that never ends cannot hang the worker
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
         result = await session.list_tools(params=params)
-        rows.extend(_tool_row(tool) for tool in result.tools)
+        rows.extend(tool_row(tool) for tool in result.tools)
         cursor = result.next_cursor
         if not cursor:
             break
     return rows
 
 
-def _root(exc: BaseException) -> BaseException:
+def root_cause(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (the SDK's task groups wrap them)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
 
 
-def _words(exc: BaseException) -> str:
+def in_words(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-def _result_output(result: types.CallToolResult) -> dict[str, Any]:
+def result_output(result: types.CallToolResult) -> dict[str, Any]:
     texts, other = [], []
     for block in result.content:
         if isinstance(block, types.TextContent):
@@ -226,9 +226,9 @@ def list_tools(server: ToolServer, *, timeout_s: float = LIST_TIMEOUT_S) -> McpL
         return McpListing(None, f"not listed: {checked}")
     state: dict[str, Any] = {}
     try:
-        tools = anyio.run(_guarded, server, *checked, timeout_s, _list_all, state)
+        tools = anyio.run(_guarded, server, *checked, timeout_s, list_all, state)
     except Exception as exc:
-        return McpListing(None, f"not listed: {_words(_root(exc))}")
+        return McpListing(None, f"not listed: {in_words(root_cause(exc))}")
     return McpListing(tools)
 
 
@@ -261,33 +261,41 @@ def call_tool(
         state["phase"], state["result"] = "answered", result
         await anyio.lowlevel.checkpoint()  # let a notification sent with the answer land
         if state["changed"].is_set():
-            state["relisted"] = await _list_all(session)
+            state["relisted"] = await list_all(session)
         return result
 
     try:
         anyio.run(_guarded, server, *checked, timeout_s, work, state)
     except Exception as exc:
         if "result" not in state:
-            return _failure(_root(exc), state["phase"], server, tool)
+            return failure_outcome(root_cause(exc), state["phase"], server, tool)
         # The answer came; only closing the session (or relisting) failed.
-    result: types.CallToolResult = state["result"]
-    output = _result_output(result)
+    return answered_outcome(f"{server.name}.{tool}", state["result"], state.get("relisted"))
+
+
+def answered_outcome(
+    name: str, result: types.CallToolResult, relisted: list[dict[str, Any]] | None
+) -> McpOutcome:
+    """The outcome of a call the server answered: its result, or the tool's own error."""
+    output = result_output(result)
     if result.is_error:
         return McpOutcome(
-            "tool_error", output, f"{server.name}.{tool} reported an error: "
-            f"{output.get('content') or 'no detail'}"[:500], state.get("relisted"),
+            "tool_error", output,
+            f"{name} reported an error: {output.get('content') or 'no detail'}"[:500], relisted,
         )  # fmt: skip
-    return McpOutcome("result", output, "", state.get("relisted"))
+    return McpOutcome("result", output, "", relisted)
 
 
-def _failure(exc: BaseException, phase: str, server: ToolServer, tool: str) -> McpOutcome:
+def failure_outcome(exc: BaseException, phase: str, server: ToolServer, tool: str) -> McpOutcome:
+    """What a call that raised says: nothing sent (``phase`` "connect"), the
+    server's own protocol error, or no answer to a request that left."""
     name = f"{server.name}.{tool}"
     if phase == "connect":
         return McpOutcome(
             "not_sent", {"request_sent": False},
-            f"could not open an MCP session with {server.name} ({_words(exc)}); nothing was sent",
+            f"could not open an MCP session with {server.name} ({in_words(exc)}); nothing was sent",
         )  # fmt: skip
-    if isinstance(exc, MCPError) and exc.code not in _NO_ANSWER_CODES:
+    if isinstance(exc, MCPError) and exc.code not in NO_ANSWER_CODES:
         return McpOutcome(
             "server_error", {"request_sent": True, "code": exc.code},
             f"{name}: the server answered with an error ({exc.code}: {exc.message})"[:500],
@@ -295,12 +303,14 @@ def _failure(exc: BaseException, phase: str, server: ToolServer, tool: str) -> M
     if isinstance(exc, httpx2.ConnectError):
         return McpOutcome(
             "not_sent", {"request_sent": False},
-            f"{name}: could not reach the server ({_words(exc)}); nothing was sent",
+            f"{name}: could not reach the server ({in_words(exc)}); nothing was sent",
         )  # fmt: skip
     timed_out = isinstance(exc, TimeoutError) or (
         isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT
     )
-    words = "no answer within the timeout" if timed_out else f"the answer was lost ({_words(exc)})"
+    words = (
+        "no answer within the timeout" if timed_out else f"the answer was lost ({in_words(exc)})"
+    )
     return McpOutcome(
         "no_answer", {"request_sent": True, "timed_out": timed_out},
         f"{name}: the request was sent but {words}; whether it acted is not known",

@@ -4,7 +4,8 @@ executor of one call — under the same rules as the built-ins (R4.1, R5, R6.4).
 The tool-call stage admits the call on the ledger and writes the receipt
 before anything here runs; this module checks the arguments against the
 tool's JSON Schema (``jsonschema``; an invalid call is a failed tool fact,
-nothing is sent), calls the MCP server (``tasks.mcp_client``, on the official
+nothing is sent), calls the MCP server (``tasks.mcp_client`` over Streamable
+HTTP, ``tasks.mcp_stdio`` for a command the worker runs; both on the official
 SDK) or the HTTP endpoint (``tasks.tools.http_tool``), and reports a
 ``ToolResult``. Never raises (R4.2).
 """
@@ -24,7 +25,7 @@ from governance.rules import tools as tool_rules
 from governance.services import tool_registry, tool_servers
 from governance.services.secrets import named_secret
 from governance.services.tool_servers import RegistryTool
-from tasks import mcp_client
+from tasks import mcp_client, mcp_stdio
 from tasks.adapters.base import ToolSpec
 from tasks.tools import TOOL_SPECS, ToolResult, http_tool, verify_webhook
 
@@ -94,7 +95,10 @@ def run(
             arguments, url=server.url, method=server.method, effect_class=tool.effect_class,
             idempotency_key=idempotency_key, timeout_s=timeout_s, token=token,
         )  # fmt: skip
-    outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
+    if server.kind == ToolServer.Kind.MCP_STDIO:
+        outcome = mcp_stdio.POOL.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
+    else:
+        outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
     if outcome.relisted is not None:
         try:
             tool_registry.record_listing(
@@ -110,7 +114,8 @@ def verify(receipt: ToolReceipt) -> tuple[ToolResult, bool]:
     """R6.4: ask the executor of a registry tool whether the effect of
     ``receipt`` happened. An HTTP tool with a verification URL answers by the
     webhook's contract (``verify_webhook``: GET with the idempotency key);
-    anything else has no way to tell — (unknown, False): not verifiable."""
+    anything else (MCP over HTTP or stdio) has no way to tell — (unknown,
+    False): not verifiable, so never replayed."""
     server = ToolServer.objects.filter(name=receipt.server).first()
     if server is None or server.kind != ToolServer.Kind.HTTP or not server.verify_url:
         why = (
@@ -127,9 +132,11 @@ def verify(receipt: ToolReceipt) -> tuple[ToolResult, bool]:
 
 @shared_task(name="tasks.registry_tools.relist_tools", ignore_result=True)
 def relist_tools() -> dict[str, int]:
-    """List every enabled MCP server again (beat, ``GOVERNANCE_TOOL_RELIST_SECONDS``):
-    a change announced while no session of ours was open is caught here. A
-    server that does not answer keeps its last listing and says why."""
+    """List every enabled HTTP MCP server again (beat,
+    ``GOVERNANCE_TOOL_RELIST_SECONDS``): a change announced while no session
+    of ours was open is caught here. A server that does not answer keeps its
+    last listing and says why. A stdio server is not started for this: its
+    sessions stay open in the workers that use it, which hear its changes."""
     changed = failed = 0
     for server in ToolServer.objects.filter(kind=ToolServer.Kind.MCP, enabled=True):
         listing = mcp_client.list_tools(server)

@@ -521,7 +521,9 @@ class ProviderUpdate(Body):
     price_cached_per_mtok: Price | None = None
     currency: Currency | None = None
     refusal_schedule: RefusalSchedule | None = None
-    reason: text(2_000) = Field("", description="kept in the audit log with the change")
+    reason: text(2_000) = Field(
+        "", description="kept in the audit log with the change; required for mcp_stdio"
+    )
 
 
 class NotificationAnswer(Answer):
@@ -647,7 +649,19 @@ class SegmentDetail(SegmentAnswer):
 ToolServerName = Annotated[
     str, StringConstraints(min_length=1, max_length=40, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
 ]
-ToolKind = Literal["mcp", "http"]
+ToolKind = Literal["mcp", "mcp_stdio", "http"]
+ToolArgs = Annotated[
+    list[Annotated[str, StringConstraints(max_length=2_000)]],
+    Field(max_length=100, description="mcp_stdio: the command's arguments"),
+]
+EnvNames = Annotated[
+    list[Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]],
+    Field(
+        max_length=50,
+        description="mcp_stdio: the NAMES of the variables the server gets from the worker's "
+        "environment (their values are never stored, shown or logged)",
+    ),
+]
 ToolEffect = Literal["read_only", "external_effect"]
 ToolUrl = Annotated[
     str,
@@ -674,9 +688,22 @@ EffectOverrides = Annotated[
 
 
 class ToolCreate(Body):
-    name: ToolServerName = Field(description="its tools are 'name.tool' (mcp) or 'name' (http)")
+    name: ToolServerName = Field(
+        description="its tools are 'name.tool' (mcp, mcp_stdio) or 'name' (http)"
+    )
     kind: ToolKind
-    url: ToolUrl = Field(description="mcp: the Streamable HTTP endpoint; http: the tool's URL")
+    url: ToolUrl = Field(
+        "", description="mcp: the Streamable HTTP endpoint; http: the tool's URL; mcp_stdio: none"
+    )
+    command: text(500) = Field(
+        "", description="mcp_stdio: the executable each worker process starts (admins only)"
+    )
+    args: ToolArgs = []
+    env_names: EnvNames = []
+    cwd: text(500) = Field("", description="mcp_stdio: its working directory (absolute)")
+    reason: text(500) = Field(
+        "", description="kept in the audit log; required for mcp_stdio (why the workers run it)"
+    )
     token_env: TokenEnv = ""
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] | None = None
     description: text(tool_rules.DESCRIPTION_MAX) = ""
@@ -699,6 +726,10 @@ class ToolUpdate(Body):
     timeout_s: Annotated[float, Field(ge=0.1, le=600.0)] | None = None
     token_env: TokenEnv | None = None
     verify_url: ToolUrl | None = None
+    command: text(500) | None = None
+    args: ToolArgs | None = None
+    env_names: EnvNames | None = None
+    cwd: text(500) | None = None
     refresh: bool = Field(False, description="mcp: list the server's tools again now")
     reason: text(2_000) = Field("", description="kept in the audit log with the change")
 
@@ -711,6 +742,19 @@ class ToolListed(Answer):
     annotations: dict[str, Any]
     effect: ToolEffect = Field(description="the effect class the runtime governs it by")
     wire_name: str = Field(description="the name a provider sees (OpenAI/Anthropic rules)")
+
+
+class ToolProcessAnswer(Answer):
+    worker: str = Field(description="hostname:pid of the worker process")
+    state: Literal["starting", "running", "restarting", "failed", "stopped"]
+    pid: int | None = Field(description="the server's process group (its guard's pid)")
+    started_at: str | None
+    uptime_s: float | None
+    restarts: int
+    next_start_at: str | None
+    last_error: str | None
+    stderr_tail: str = Field(description="the last lines the server wrote to stderr")
+    updated_at: str
 
 
 class ToolAnswer(Answer):
@@ -733,6 +777,13 @@ class ToolAnswer(Answer):
     listed_at: str | None
     list_error: str | None
     tool_count: int
+    command: str | None = Field(description="mcp_stdio: what each worker process runs")
+    args: list[str]
+    env_names: list[str] = Field(description="names only: values are never stored")
+    cwd: str | None
+    processes: list[ToolProcessAnswer] = Field(
+        description="mcp_stdio: each worker process's copy, as it last reported it"
+    )
     created_at: str
     updated_at: str
 

@@ -10,14 +10,14 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from dashboard.queries import tools as tools_query
 from dashboard.queries.tools import tool_detail_json
 from dashboard.site import permissions
-from governance.models import ToolServer
 from tasks.tools import TOOL_SPECS
 
 
 @login_required
 @permissions.requires(GET=None)
 def tools(request: HttpRequest) -> HttpResponse:
-    rows = [tool_detail_json(server) for server in ToolServer.objects.order_by("name")]
+    rows = [tool_detail_json(server) for server in tools_query.servers()]
     return render(request, "tools/list.html", {"rows": rows, "builtins": sorted(TOOL_SPECS)})

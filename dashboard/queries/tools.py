@@ -1,15 +1,44 @@
-"""The tool registry as the API and the Tools page show it: each MCP server or
-HTTP tool, its listed tools with their effect class and wire name."""
+"""The tool registry as the API and the Tools page show it: each MCP server
+(HTTP or stdio) or HTTP tool, its listed tools with their effect class and
+wire name, and for a stdio server what each worker process last reported of
+its copy (state, pid, uptime, the last lines of its stderr)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from dashboard.queries.secrets import secret_present, secret_refused
-from governance.models import ToolServer
+from governance import time_source
+from governance.models import ToolProcess, ToolServer
 from governance.rules import tools as tool_rules
 from governance.services import tool_servers
 from governance.services.secrets import mask_url
+
+
+def _when(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def process_json(row: ToolProcess, now: datetime) -> dict[str, Any]:
+    running = row.state == ToolProcess.State.RUNNING and row.started_at is not None
+    return {
+        "worker": row.worker,
+        "state": row.state,
+        "pid": row.pid,
+        "started_at": _when(row.started_at),
+        "uptime_s": round((now - row.started_at).total_seconds(), 1) if running else None,
+        "restarts": row.restarts,
+        "next_start_at": _when(row.next_start_at),
+        "last_error": row.last_error or None,
+        "stderr_tail": row.stderr_tail,
+        "updated_at": row.updated_at.isoformat(),
+    }
+
+
+def servers():
+    """The registry in name order, each stdio server's processes with it."""
+    return ToolServer.objects.order_by("name").prefetch_related("processes")
 
 
 def tool_json(server: ToolServer) -> dict[str, Any]:
@@ -33,6 +62,11 @@ def tool_json(server: ToolServer) -> dict[str, Any]:
         "listed_at": server.listed_at.isoformat() if server.listed_at else None,
         "list_error": server.list_error or None,
         "tool_count": 1 if http else len(server.listed_tools),
+        "command": server.command or None,
+        "args": list(server.args or ()),
+        "env_names": list(server.env_names or ()),
+        "cwd": server.cwd or None,
+        "processes": [process_json(row, time_source.now()) for row in server.processes.all()],
         "created_at": server.created_at.isoformat(),
         "updated_at": server.updated_at.isoformat(),
     }

@@ -39,6 +39,7 @@ VIEW_REPORT = "governance.view_delivery_report"
 VIEW_INSIGHTS = "governance.view_insights"
 MANAGE_PROVIDERS = "governance.change_provider"
 MANAGE_TOOLS = "governance.change_toolserver"
+RUN_TOOL_COMMAND = "governance.run_tool_command"
 SEE_ALL_RUNS = "governance.see_all_runs"
 USE_OPENAI_DOOR = "governance.use_openai_door"
 # Declared by a write on the user's own things only (its API tokens): being

@@ -520,6 +520,20 @@ GOVERNANCE_OUTBOUND_ALLOW = _outbound_allow()
 GOVERNANCE_OUTBOUND_REQUIRE_HTTPS = not DEBUG
 
 
+# --- Stdio tool servers (tasks/mcp_stdio.py) ---
+# The commands an admin may register as a stdio MCP server (each worker process
+# runs it), comma-separated, each exactly as it is registered: uvx, npx,
+# /opt/mcp/bin/mcp-server-git. With DJANGO_DEBUG=0 only these, and none by default;
+# with DJANGO_DEBUG=1 (`make run`) any command, unless the variable is set.
+_stdio_commands = env_list("GOVERNANCE_MCP_STDIO_COMMANDS", None if DEBUG else [])
+GOVERNANCE_MCP_STDIO_COMMANDS = None if _stdio_commands is None else tuple(_stdio_commands)
+# How long a stdio server may take to start and answer initialize (registering
+# lists its tools within this too).
+GOVERNANCE_MCP_STDIO_START_SECONDS = env_float(
+    "GOVERNANCE_MCP_STDIO_START_SECONDS", 15.0, minimum=0.5
+)
+
+
 # --- Secrets named by configuration (governance/rules/secrets.py) ---
 # The environment variables a provider's api_key_env, a tool's token_env and a
 # PagerDuty channel's routing_key_env may name: comma-separated glob patterns.

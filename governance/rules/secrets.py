@@ -135,6 +135,19 @@ def key_env_problem(name: object, policy: KeyEnvPolicy) -> str | None:
     return f"{name!r} is not allowed{why}: name a variable matching {policy.described} ({SETTING})"
 
 
+def passed_env_problem(name: object, policy: KeyEnvPolicy) -> str | None:
+    """Why a variable may not be handed to a command the workers start (a
+    stdio tool server's ``env_names``), or None when it may. Any valid name
+    that is not one of the system's own: the command runs on the worker, so
+    the allow-list of keys sent to URLs does not apply, but the database, the
+    broker and Django's secret never leave the system."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return "the NAME of an environment variable (letters, digits, _), never its value"
+    if own := _own(name, policy):
+        return f"{name!r} is not passed to tool servers ({own})"
+    return None
+
+
 def secret_query_name(name: str) -> bool:
     """A query parameter that carries a credential (``api_key``, ``X-Api-Key``, ``sig`` …)."""
     folded = name.strip().lower().replace("-", "_")

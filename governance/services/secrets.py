@@ -43,6 +43,11 @@ def require_key_env(name: str, field: str) -> None:
         raise ServiceError(field, problem)
 
 
+def passed_env_problem(name: object) -> str | None:
+    """Why ``name`` may not be handed to a stdio tool server, or None."""
+    return rules.passed_env_problem(name, settings.GOVERNANCE_KEY_ENV_ALLOW)
+
+
 def named_secret(name: str, field: str) -> str | None:
     """The secret in the variable ``name`` (or ``NAME_FILE``), None when unset.
 

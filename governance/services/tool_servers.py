@@ -1,5 +1,5 @@
-"""The tool registry: MCP servers and HTTP tools, their cached
-listings, and what a tool surface may name.
+"""The tool registry: MCP servers (Streamable HTTP or stdio) and HTTP
+tools, their cached listings, and what a tool surface may name.
 
 The API (``/api/v1/tools``) and ``manage.py tool`` both come here. A bearer
 token is named by its environment variable (``token_env``), never taken or
@@ -8,6 +8,13 @@ stored; the variable must be one a key may live in (``GOVERNANCE_KEY_ENV_ALLOW``
 is audited. What a listing change does to the threads
 that see it (a tool-surface boundary, R1.3) is ``services.tool_registry``.
 
+A stdio server is a command each worker process runs (``tasks.mcp_stdio``):
+registering or changing one needs the ``run_tool_command`` permission (no
+role holds it: an admin's) and a reason, which the audit keeps; with
+``DJANGO_DEBUG=0`` only the commands of ``GOVERNANCE_MCP_STDIO_COMMANDS`` may
+be registered. Its environment is named (``env_names``), never stored: the
+values come from the worker's environment.
+
 Names: a server is a slug without "." or "__" (its tools are
 ``"{name}.{tool}"``, and the wire name ``"{name}__{tool}"`` must read back);
 an HTTP tool is called by its name alone, so no name may be a built-in's.
@@ -15,23 +22,30 @@ an HTTP tool is called by its name alone, so no name may be a built-in's.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import jsonschema
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from governance.models import ToolServer
 from governance.rules import tools as tool_rules
-from governance.rules.secrets import ENV_NAME
+from governance.rules.secrets import ENV_NAME, secret_query_name
 from governance.rules.segments import SURFACE_WILDCARD
 from governance.services.audit import audit
 from governance.services.errors import ServiceError
 from governance.services.outbound import require_http_url, require_outbound_url
-from governance.services.secrets import require_key_env, require_url_without_credentials
+from governance.services.secrets import (
+    passed_env_problem,
+    require_key_env,
+    require_url_without_credentials,
+)
 
 BUILTIN_TOOL_NAMES = ("calculator", "kb_search", "webhook")
 SERVER_NAME = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]|_(?!_)){0,39}")
@@ -42,7 +56,16 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 TIMEOUT_RANGE = (0.1, 600.0)
 SURFACE_MAX = 100
 TOOL_NAME_MAX = 200  # ToolReceipt.tool
-EDITABLE = ("enabled", "effect_overrides", "description", "timeout_s", "token_env", "verify_url")
+EDITABLE = ("enabled", "effect_overrides", "description", "timeout_s", "token_env", "verify_url",
+            "command", "args", "env_names", "cwd")  # fmt: skip
+# What a stdio server runs; changing it is an admin's action (``run_tool_command``).
+LAUNCH_FIELDS = ("command", "args", "env_names", "cwd")
+MCP_KINDS = (ToolServer.Kind.MCP, ToolServer.Kind.MCP_STDIO)
+COMMAND_MAX = 500
+ARGS_MAX = 100
+ARG_MAX = 2_000
+ENV_NAMES_MAX = 50
+REASON_MAX = 500
 
 
 class ToolServerExists(ServiceError):
@@ -83,6 +106,85 @@ def check_url(value: Any, field: str, *, required: bool = True) -> str:
     return value
 
 
+def _no_nul(value: str, field: str) -> None:
+    if "\x00" in value:
+        raise ServiceError(field, "may not contain a NUL character")
+
+
+def _secret_arg(arg: str, previous: str) -> str | None:
+    """The option name when ``arg`` (or ``previous`` + ``arg``) passes a
+    key-looking value on the command line (``--api-key=…``, ``--token …``)."""
+    if arg.startswith("-") and "=" in arg:
+        option, _eq, value = arg.partition("=")
+        return option if value and secret_query_name(option.lstrip("-")) else None
+    if previous.startswith("-") and "=" not in previous and not arg.startswith("-"):
+        return previous if secret_query_name(previous.lstrip("-")) else None
+    return None
+
+
+def _check_launch(values: dict[str, Any], given: frozenset[str] | set[str]) -> None:
+    """A stdio server's command, arguments, environment names and directory."""
+    command = values.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ServiceError("command", "the command that starts the server is required")
+    if len(command) > COMMAND_MAX:
+        raise ServiceError("command", f"at most {COMMAND_MAX} characters")
+    _no_nul(command, "command")
+    args = values.get("args") or []
+    if (
+        not isinstance(args, list | tuple)
+        or len(args) > ARGS_MAX
+        or any(not isinstance(a, str) or len(a) > ARG_MAX for a in args)
+    ):
+        raise ServiceError(
+            "args", f"a list of at most {ARGS_MAX} strings of at most {ARG_MAX} characters"
+        )
+    for n, arg in enumerate(args):
+        _no_nul(arg, "args")
+        if option := _secret_arg(arg, args[n - 1] if n else ""):
+            raise ServiceError(
+                "args",
+                f"{option} passes a secret on the command line (every page and the audit "
+                "show it): name an environment variable in env_names instead",
+            )
+    values["args"] = list(args)
+    names = values.get("env_names") or []
+    if not isinstance(names, list | tuple) or len(names) > ENV_NAMES_MAX:
+        raise ServiceError("env_names", f"a list of at most {ENV_NAMES_MAX} variable names")
+    for name in names:
+        if problem := passed_env_problem(name):
+            raise ServiceError("env_names", problem)
+    values["env_names"] = sorted(set(names))
+    cwd = values.get("cwd") or ""
+    if not isinstance(cwd, str) or len(cwd) > URL_MAX or (cwd and not cwd.startswith("/")):
+        raise ServiceError("cwd", "an absolute directory path (or nothing: the worker's own)")
+    _no_nul(cwd, "cwd")
+    values["cwd"] = cwd
+    if "command" in given:
+        allowed = settings.GOVERNANCE_MCP_STDIO_COMMANDS
+        if allowed is not None and command not in allowed:
+            listed = ", ".join(allowed) if allowed else "none are listed"
+            raise ServiceError(
+                "command",
+                f"{command!r} is not one of the commands the workers may run: "
+                f"GOVERNANCE_MCP_STDIO_COMMANDS ({listed})",
+            )
+        if shutil.which(command) is None:
+            where = "is not an executable file" if "/" in command else "is not found on the PATH"
+            raise ServiceError("command", f"{command!r} {where}")
+    if "cwd" in given and cwd and not os.path.isdir(cwd):
+        raise ServiceError("cwd", f"{cwd} is not a directory")
+
+
+def checked_launch(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str, Any]:
+    """A stdio server's ``command``, ``args``, ``env_names`` and ``cwd`` as
+    they would be stored (``ServiceError`` naming the field); only the
+    fields ``given`` are checked against the allow-list and the disk."""
+    values = {f: values.get(f) for f in LAUNCH_FIELDS}
+    _check_launch(values, given)
+    return values
+
+
 def _schema(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ServiceError("parameters", "a JSON Schema object for the arguments")
@@ -105,7 +207,18 @@ def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str
     kind = values["kind"]
     if kind not in ToolServer.Kind.values:
         raise ServiceError("kind", f"must be one of {', '.join(ToolServer.Kind.values)}")
-    if "url" in given:
+    stdio = kind == ToolServer.Kind.MCP_STDIO
+    if stdio:
+        if values.get("url") or values.get("token_env"):
+            field = "url" if values.get("url") else "token_env"
+            raise ServiceError(field, "a stdio server is a command: give command and args")
+        _check_launch(values, given)
+    else:
+        for name in LAUNCH_FIELDS:
+            if values.get(name):
+                raise ServiceError(name, f"only a stdio server (kind mcp_stdio) runs a {name}")
+        values.update(command="", args=[], env_names=[], cwd="")
+    if "url" in given and not stdio:
         values["url"] = check_url(values["url"], "url")
     key_env = values.get("token_env") or ""
     if key_env and (len(key_env) > ENV_NAME_MAX or not ENV_NAME.fullmatch(key_env)):
@@ -162,12 +275,12 @@ def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str
     return values
 
 
-def create_tool_server(
-    *, name: str, kind: str, url: str, by: str, now: datetime, **settings: Any
-) -> ToolServer:
-    """A new registry entry; its listing (mcp) is recorded by ``tool_registry``."""
+def checked_new_server(*, name: str, kind: str, url: str = "", **settings: Any) -> dict[str, Any]:
+    """A new registry entry's configuration as it would be stored, judged
+    without writing anything (``ServiceError`` naming the field; a taken
+    name is ``ToolServerExists``)."""
     allowed = {"token_env", "method", "description", "parameters", "effect", "verify_url",
-               "timeout_s", "enabled", "effect_overrides"}  # fmt: skip
+               "timeout_s", "enabled", "effect_overrides", *LAUNCH_FIELDS}  # fmt: skip
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise ServiceError(unknown[0], "is not a tool setting")
@@ -177,17 +290,59 @@ def create_tool_server(
         )
     if name in BUILTIN_TOOL_NAMES:
         raise ServiceError("name", f"{name!r} is a built-in tool")
+    if ToolServer.objects.filter(name=name).exists():
+        raise ToolServerExists("name", f"a tool {name!r} exists already")
     values = {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **settings,
-              "kind": kind, "url": url}  # fmt: skip
+              "kind": kind, "url": url or ""}  # fmt: skip
     values = _check(values, set(values))
-    values = {k: ("" if v is None and k != "parameters" else v) for k, v in values.items()}
+    return {k: ("" if v is None and k != "parameters" else v) for k, v in values.items()}
+
+
+def listing_problem(tools: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a server's listing cannot be offered to a model (None: it can):
+    each tool's input schema must be a JSON Schema of an object, as the
+    providers require of a function's parameters."""
+    for tool in normalized_listing(tools):
+        try:
+            _schema(tool["input_schema"])
+        except ServiceError as exc:
+            return (
+                f"its tool {tool['name']!r} has an input schema a provider refuses: {exc.message}"
+            )
+    return None
+
+
+def create_tool_server(
+    *,
+    name: str,
+    kind: str,
+    url: str = "",
+    by: str,
+    now: datetime,
+    reason: str = "",
+    listing: Sequence[Mapping[str, Any]] | None = None,
+    **settings: Any,
+) -> ToolServer:
+    """A new registry entry, audited with ``by`` and ``reason`` (required for
+    a stdio server: the workers will run its command). ``listing``: its tools,
+    listed before anything was written, kept in the same transaction (an HTTP
+    MCP server's is recorded afterwards by ``tool_registry``)."""
+    values = checked_new_server(name=name, kind=kind, url=url, **settings)
+    reason = (reason or "").strip()
+    if kind == ToolServer.Kind.MCP_STDIO and not reason:
+        raise ServiceError("reason", "say why the workers should run this command (audited)")
+    if len(reason) > REASON_MAX:
+        raise ServiceError("reason", f"at most {REASON_MAX} characters")
     try:
         with transaction.atomic():
             server = ToolServer.objects.create(name=name, **values)
             audit(
                 actor=by, action="tool.create", target_type="tool", target_id=name,
-                reason="", detail={k: v for k, v in values.items() if k != "parameters"}, now=now,
+                reason=reason, detail={k: v for k, v in values.items() if k != "parameters"},
+                now=now,
             )  # fmt: skip
+            if listing is not None:
+                server, _changed = store_listing(name, listing, now)
     except IntegrityError:
         raise ToolServerExists("name", f"a tool {name!r} exists already") from None
     return server
@@ -203,6 +358,8 @@ def update_tool_server(
         raise ServiceError(unknown[0], "is not a setting that can be changed")
     with transaction.atomic():
         server = ToolServer.objects.select_for_update().get(name=name)
+        if server.kind == ToolServer.Kind.MCP_STDIO and not (reason or "").strip():
+            raise ServiceError("reason", "say why this stdio server changes (audited)")
         before = {f: getattr(server, f) for f in ("kind", "url", "method", "parameters",
                                                    "effect", *EDITABLE)}  # fmt: skip
         after = _check({**before, **changes}, {f for f in changes if changes[f] != before[f]})
@@ -299,7 +456,7 @@ def surface_problem(tool_surface: Sequence[str]) -> str | None:
         elif tool is None:
             if server.kind != ToolServer.Kind.HTTP:
                 return f"{entry} is an MCP server: name {entry}.* or one of its tools"
-        elif server.kind != ToolServer.Kind.MCP:
+        elif server.kind not in MCP_KINDS:
             return f"{server_name} is an http tool: name it alone"
         elif entry != f"{server_name}{SURFACE_WILDCARD}" and tool not in {
             t["name"] for t in server.listed_tools
@@ -345,9 +502,7 @@ def surface_tools(tool_surface: Sequence[str]) -> list[RegistryTool]:
     servers = _servers([tool_rules.split_tool_name(e)[0] for e in tool_surface])
     enabled = {n: s for n, s in servers.items() if s.enabled}
     listed = {
-        n: [t["name"] for t in s.listed_tools]
-        for n, s in enabled.items()
-        if s.kind == ToolServer.Kind.MCP
+        n: [t["name"] for t in s.listed_tools] for n, s in enabled.items() if s.kind in MCP_KINDS
     }
     wanted = set(tool_rules.surface_names(tool_surface, listed))
     tools = [t for s in enabled.values() for t in server_tools(s) if t.name in wanted]

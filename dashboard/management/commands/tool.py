@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.api.tools import refresh_listing, tool_json
 from dashboard.management.text_table import text_table
+from dashboard.queries import tools as tools_query
 from governance import time_source
 from governance.models import ToolServer
 from governance.services import ServiceError, tool_registry, tool_servers
@@ -93,7 +94,7 @@ class Command(BaseCommand):
             if action == "add":
                 self._add(options)
             elif action == "list":
-                rows = [tool_json(s) for s in ToolServer.objects.order_by("name")]
+                rows = [tool_json(s) for s in tools_query.servers()]
                 self.stdout.write(table(rows) if rows else "no tools registered")
             elif action == "refresh":
                 self._refresh(options["name"])
