@@ -56,6 +56,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from governance import time_source
 from governance.models import ToolServer
+from governance.services.secrets import passed_env
 from tasks.mcp_client import (
     NO_ANSWER_CODES,
     McpListing,
@@ -123,15 +124,10 @@ def launch_problem(launch: Launch) -> str | None:
 def parameters(launch: Launch) -> StdioServerParameters:
     """The SDK's parameters: the guard, told this process's pid, runs the
     command. ``ImproperlyConfigured`` when a named variable cannot be read."""
-    env = {}
-    for name in launch.env_names:
-        value = settings.GOVERNANCE_NAMED_SECRET(name)
-        if value is not None:
-            env[name] = value
     return StdioServerParameters(
         command=sys.executable,
         args=["-I", str(GUARD), str(os.getpid()), "--", launch.command, *launch.args],
-        env=env,
+        env=passed_env(launch.env_names),
         cwd=launch.cwd or None,
     )
 

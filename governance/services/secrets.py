@@ -48,6 +48,21 @@ def passed_env_problem(name: object) -> str | None:
     return rules.passed_env_problem(name, settings.GOVERNANCE_KEY_ENV_ALLOW)
 
 
+def passed_env(names) -> dict[str, str]:
+    """The values of the variables a stdio tool server is handed (``env_names``),
+    read from this process's environment at start; an unset one is left out.
+    ``KeyEnvRefused`` when a name is one of the system's own (a row stored
+    before that rule); ``ImproperlyConfigured`` when one cannot be read."""
+    values = {}
+    for name in names:
+        if problem := passed_env_problem(name):
+            raise KeyEnvRefused(f"env_names: {problem}")
+        value = settings.GOVERNANCE_NAMED_SECRET(name)
+        if value is not None:
+            values[name] = value
+    return values
+
+
 def named_secret(name: str, field: str) -> str | None:
     """The secret in the variable ``name`` (or ``NAME_FILE``), None when unset.
 
