@@ -14,6 +14,7 @@ from governance.rules.secrets import (
     SETTING,
     key_env_policy,
     key_env_problem,
+    passed_env_problem,
     secret_query_name,
     url_credentials_problem,
 )
@@ -69,6 +70,22 @@ def test_r2_5_what_is_no_variable_name_is_refused_as_such(name):
 
 def test_r2_5_names_match_case_sensitively_as_the_environment_does():
     assert key_env_problem("openai_api_key", POLICY) is not None
+
+
+@pytest.mark.parametrize("name", ["TZ", "GIT_AUTHOR_NAME", "GITHUB_TOKEN", "GOVERNANCE_KEY_GIT"])
+def test_r2_5_a_stdio_tool_server_may_be_handed_any_variable_but_the_systems_own(name):
+    # The command runs on the worker, not at a URL: no key allow-list applies.
+    assert passed_env_problem(name, POLICY) is None
+
+
+@pytest.mark.parametrize("name", ["DATABASE_URL", "DJANGO_SECRET_KEY", "GOVERNANCE_DEBUG_X"])
+def test_r2_5_the_systems_own_variables_are_never_handed_to_a_tool_server(name):
+    assert "not passed to tool servers" in passed_env_problem(name, POLICY)
+
+
+@pytest.mark.parametrize("name", ["", "A B", "1X", None])
+def test_r2_5_a_passed_variable_is_named_never_given(name):
+    assert "NAME of an environment variable" in passed_env_problem(name, POLICY)
 
 
 def test_r2_5_an_empty_allow_list_allows_nothing_and_says_so():
