@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission
 
-from governance.models import ApiToken, AuditEntry, ToolServer
+from governance.models import ApiToken, AuditEntry, Provider, Segment, ToolServer
 from governance.services.tokens import token_digest
 from tests.dashboard.test_tool_api import Api, field_of
 
@@ -58,8 +58,9 @@ def _api(client, django_user_model, username: str, token: str, codenames: list[s
 @pytest.fixture
 def admin(client, django_user_model):
     return _api(
-        client, django_user_model, "stdio-admin", ADMIN, ["change_toolserver", "run_tool_command"]
-    )
+        client, django_user_model, "stdio-admin", ADMIN,
+        ["change_toolserver", "run_tool_command", "submit_run"],
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -138,9 +139,7 @@ def test_bad_stdio_configurations_are_refused_with_nothing_registered(admin, bod
     assert not AuditEntry.objects.filter(action="tool.create").exists()
 
 
-def test_a_server_that_never_answers_initialize_is_refused_within_the_start_limit(
-    admin, settings
-):
+def test_a_server_that_never_answers_initialize_is_refused_within_the_start_limit(admin, settings):
     settings.GOVERNANCE_MCP_STDIO_START_SECONDS = 1.0
     started = time.monotonic()
     answer = admin.send(
@@ -176,8 +175,15 @@ def test_environment_values_are_never_stored_or_shown(admin, monkeypatch):
     assert "value-that-must-not-leak" not in str(AuditEntry.objects.values_list("detail"))
 
 
-def test_changing_what_a_stdio_server_runs_is_listed_first_and_audited(admin, tool_admin):
+def test_r1_3_changing_what_a_stdio_server_runs_is_listed_first_audited_and_a_boundary(
+    admin, tool_admin
+):
     admin.send("POST", "/api/v1/tools", stdio(), status=201)
+    Provider.objects.create(provider_id="p", kind="scripted", model="m", script={})
+    thread = admin.send(
+        "POST", "/api/v1/threads", {"provider_chain": ["p"], "tool_surface": ["time.*"]},
+        status=201,
+    )  # fmt: skip
 
     # Another admin of HTTP tools may not change what the workers run.
     tool_admin.send("PATCH", "/api/v1/tools/time", {"enabled": False, "reason": "x"}, status=403)
@@ -200,5 +206,8 @@ def test_changing_what_a_stdio_server_runs_is_listed_first_and_audited(admin, to
     # (a tool-surface boundary for the threads that see it, R1.3).
     assert changed["schema_version"] == 2
     assert "Europe/Paris" in str([t["parameters"] for t in changed["tools"]])
+    assert changed["boundaries"] and changed["boundaries"][0] != thread["segment"]["key"]
+    closed = Segment.objects.get(key=thread["segment"]["key"])
+    assert closed.closed_kind == "tool_surface_change"
     entry = AuditEntry.objects.get(action="tool.update", target_id="time")
     assert entry.reason == "Paris time" and entry.detail["after"]["args"] == changed["args"]
