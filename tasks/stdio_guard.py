@@ -80,7 +80,7 @@ def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:  # a real-time signal has no name of its own
-        return f"SIGRT {signum}"
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 
 def _others_in_group() -> bool:
