@@ -9,7 +9,8 @@ Tools: ``echo`` (read-only; answers with the server's pid, so a test tells a
 reused process from a new one), ``send`` (an external effect: one line per
 call in the record file), ``crash`` (read-only) and ``send_then_crash``
 (external: records, then exits mid-call), ``hang`` (sleeps far past any
-timeout), ``garbage`` (a line that is not JSON on the real stdout, then
+timeout), ``stuck`` (blocks the whole server, so not even a closed stdin
+stops it), ``garbage`` (a line that is not JSON on the real stdout, then
 quiet) and ``grow`` (adds a tool and announces ``tools/list_changed`` before
 it answers). ``--marker`` is never read: a word on the command line by which
 a test finds the process in the process table.
@@ -151,8 +152,15 @@ def main() -> None:
 
     @server.tool(annotations=read_only, description="Never answers in time")
     async def hang(seconds: float = 600.0) -> str:
+        record(f"hang {seconds:g}")  # a test sees the call in progress
         await asyncio.sleep(seconds)
         return "woke up"
+
+    @server.tool(annotations=read_only, description="Blocks the whole server, reading nothing")
+    def stuck(seconds: float = 600.0) -> str:
+        record(f"stuck {seconds:g}")
+        time.sleep(seconds)  # not even the end of its stdin is noticed meanwhile
+        return "unstuck"
 
     @server.tool(annotations=read_only, description="Writes a line that is not MCP, then nothing")
     async def garbage() -> str:
