@@ -53,10 +53,11 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from mcp import ClientSession, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import REQUEST_TIMEOUT
 
 from governance import time_source
 from governance.models import ToolServer
-from governance.services.secrets import passed_env
+from governance.services.secrets import passed_env, passed_env_problem
 from tasks.mcp_client import (
     NO_ANSWER_CODES,
     McpListing,
@@ -118,6 +119,9 @@ def launch_problem(launch: Launch) -> str | None:
             f"{launch.command!r} is not one of the commands the workers may run "
             "(GOVERNANCE_MCP_STDIO_COMMANDS)"
         )
+    for name in launch.env_names:  # checked when registered; a row edited since is not trusted
+        if problem := passed_env_problem(name):
+            return f"env_names: {problem}"
     return None
 
 
@@ -177,6 +181,23 @@ class _Broken(Exception):
     """The server wrote something that is not MCP on stdout."""
 
 
+def not_mcp_words(exc: BaseException) -> str:
+    """One line naming what the server wrote instead of MCP (the SDK hands
+    over the parser's error, whose own text runs over several lines)."""
+    shown = None
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            shown = errors()[0].get("input")
+        except Exception:
+            shown = None
+    if shown is not None:
+        text = shown if isinstance(shown, str) else repr(shown)
+        return f"the server wrote a line that is not MCP on stdout: {text[:200]!r}"
+    first = in_words(exc).splitlines()[0] if in_words(exc) else type(exc).__name__
+    return f"the server wrote something that is not MCP on stdout ({first})"
+
+
 class _Session:
     """One running server: its owner task keeps ``stdio_client`` and
     ``ClientSession`` open on the pool's loop until told to stop."""
@@ -197,13 +218,19 @@ class _Session:
 
     @property
     def alive(self) -> bool:
-        return self.session is not None and not self.ended.is_set() and not self.tail.ended.is_set()
+        # A broken session is still open until its owner task closes it: a call
+        # sent to it meanwhile would be "not known" for nothing.
+        return (
+            self.session is not None
+            and not self.ended.is_set()
+            and not self.tail.ended.is_set()
+            and not self._broken.is_set()
+        )
 
     async def _on_message(self, message) -> None:
         if isinstance(message, Exception):
-            self.problem = (
-                f"the server wrote something that is not MCP on stdout ({in_words(message)})"
-            )
+            if not self.problem:
+                self.problem = not_mcp_words(message)
             self._broken.set()
         elif isinstance(message, types.ToolListChangedNotification):
             self.tools_changed = True
@@ -235,8 +262,19 @@ class _Session:
             async with stdio_client(params, errlog=self.tail.writer) as (read, write):
                 self.tail.close_writer()
                 async with ClientSession(read, write, message_handler=self._on_message) as session:
-                    with anyio.fail_after(self.start_timeout_s):
+                    with anyio.move_on_after(self.start_timeout_s) as start:
                         await self.until_broken(session.initialize())
+                    if start.cancelled_caught:
+                        # Said now, not after the SDK's stop (up to 4 s more for a
+                        # server that ignores its closed stdin): the caller's clock
+                        # is running. The process is stopped as this block ends.
+                        said = self.tail.last()
+                        self.problem = (
+                            f"the server did not answer initialize within "
+                            f"{self.start_timeout_s:g} s{f'; its stderr: {said}' if said else ''}"
+                        )
+                        self._ready.set()
+                        return
                     self.session, self.started_at = session, time_source.now()
                     self._ready.set()
                     stop = asyncio.ensure_future(self._stop.wait())
@@ -258,10 +296,6 @@ class _Session:
             return f"the session ended ({in_words(exc)})"
         self.tail.ended.wait(1.0)  # the guard's last words arrive as the pipe closes
         said = self.tail.last()
-        if isinstance(exc, TimeoutError):
-            return f"the server did not answer initialize within {self.start_timeout_s:g} s" + (
-                f"; its stderr: {said}" if said else ""
-            )
         if isinstance(exc, ImproperlyConfigured | OSError):
             return f"could not start the server: {exc}"
         return f"the server did not start ({said or in_words(exc)})"
@@ -284,6 +318,7 @@ class ServerState:
 
     name: str
     current: _Session | None = None
+    tail: StderrTail | None = None  # the latest process's, kept after a failed start
     failures: int = 0
     starts: int = 0
     next_start_at: float = 0.0  # monotonic
@@ -291,7 +326,7 @@ class ServerState:
     last_error: str = ""
     reported_at: float = float("-inf")
     report_due: bool = True
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while starting
 
     @property
     def restarts(self) -> int:
@@ -299,21 +334,25 @@ class ServerState:
 
 
 class StdioPool:
-    """Every stdio server session of one worker process."""
+    """Every stdio server session of one worker process.
+
+    ``clock`` (monotonic seconds) times the restart backoff only; how long a
+    start or a call may take is waited out on the real clock."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # short: the loop, the server table, ``current``
         self._pid: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.servers: dict[str, ServerState] = {}
+        self._sessions: list[_Session] = []  # every session not yet ended, current or not
 
     # ------------------------------------------------------------------ the loop
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: its own loop and servers
-                self._pid, self.servers = os.getpid(), {}
+                self._pid, self.servers, self._sessions = os.getpid(), {}, []
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(
                     target=self._loop.run_forever, daemon=True, name="stdio-tool-servers"
@@ -335,13 +374,23 @@ class StdioPool:
         with self._lock:
             return self.servers.setdefault(name, ServerState(name))
 
-    def _ended(self, state: ServerState, why: str) -> None:
-        """The running session is over (crash, exit, garbage, hang): start
-        again on the next use, after the backoff."""
-        state.current = None
-        state.failures += 1
-        state.next_start_at = self.clock() + restart_delay(state.failures)
-        state.state, state.last_error, state.report_due = "restarting", why[:2000], True
+    def _retire(self, state: ServerState, session: _Session, why: str) -> None:
+        """``session`` is over (crash, exit, garbage, hang): its process is
+        stopped, and if it was still the server's current one, the server
+        starts again on its next use, after the backoff. A call that fails on
+        an older session (a concurrent call saw the same end first, and a new
+        session may be running already) changes nothing else."""
+        loop = self._running_loop()
+        with self._lock:
+            # Before the stop: the other calls on it fail once it stops, and
+            # their words say why it was stopped, not that it "exited".
+            session.problem = session.problem or why
+            if state.current is session:
+                state.current = None
+                state.failures += 1
+                state.next_start_at = self.clock() + restart_delay(state.failures)
+                state.state, state.last_error, state.report_due = "restarting", why[:2000], True
+        session.stop_soon(loop)
 
     def session_for(self, server: ToolServer, budget_s: float) -> _Session:
         """The server's running session, started if need be within ``budget_s``;
@@ -358,9 +407,10 @@ class StdioPool:
         if running is not None:
             if running.launch != launch:
                 running.stop_soon(self._running_loop())
-                state.current, state.failures, state.next_start_at = None, 0, 0.0
+                with self._lock:
+                    state.current, state.failures, state.next_start_at = None, 0, 0.0
             else:
-                self._ended(state, running.problem or self._exit_words(running))
+                self._retire(state, running, running.problem or self._exit_words(running))
         if problem := launch_problem(launch):
             state.state, state.last_error, state.report_due = "failed", problem, True
             raise NotStarted(problem)
@@ -370,25 +420,29 @@ class StdioPool:
                 f"{server.name} is restarting after: {state.last_error or 'a failure'} "
                 f"(next start in {wait:.0f} s)"
             )
-        start_timeout = min(settings.GOVERNANCE_MCP_STDIO_START_SECONDS, budget_s)
+        start_timeout = max(min(settings.GOVERNANCE_MCP_STDIO_START_SECONDS, budget_s), 0.001)
         session = _Session(launch, start_timeout)
-        state.starts += 1
-        owner = self._submit(session.serve())
+        with self._lock:
+            self._sessions = [s for s in self._sessions if not s.ended.is_set()] + [session]
+        state.starts, state.tail = state.starts + 1, session.tail
+        self._submit(session.serve())
         ready = self._submit(session.wait_ready())
         try:
             ready.result(timeout=start_timeout + 10)
         except Exception:  # the owner task bounds the start itself; this is a backstop
             ready.cancel()
         if session.session is None:
-            owner.cancel()
-            state.current = None
+            # Stopped, not cancelled: the SDK's teardown is what stops the
+            # process, and a cancelled owner task may skip it.
+            session.stop_soon(self._running_loop())
             state.failures += 1
             state.next_start_at = self.clock() + restart_delay(state.failures)
             state.state = "failed"
             state.last_error = (session.problem or "the server did not start")[:2000]
             state.report_due = True
             raise NotStarted(state.last_error)
-        state.current, state.state, state.report_due = session, "running", True
+        with self._lock:
+            state.current, state.state, state.report_due = session, "running", True
         return session
 
     @staticmethod
@@ -401,7 +455,11 @@ class StdioPool:
     def call_tool(
         self, server: ToolServer, tool: str, arguments: dict[str, Any], *, timeout_s: float
     ) -> McpOutcome:
-        """One ``tools/call`` on the server's running session; never raises (R4.2)."""
+        """One ``tools/call`` on the server's running session; never raises (R4.2).
+
+        ``timeout_s`` bounds the whole call, a start included (R6.1: it is
+        what the run's clocks leave, or the server's own timeout)."""
+        deadline = time.monotonic() + timeout_s
         state = self._state(server.name)
         try:
             session = self.session_for(server, timeout_s)
@@ -411,16 +469,24 @@ class StdioPool:
                 "not_sent", {"request_sent": False},
                 f"{server.name}.{tool}: {exc}; nothing was sent",
             )  # fmt: skip
-        outcome = self._call(session, server, tool, arguments, timeout_s)
-        if outcome.end == "result":
-            state.failures = 0
+        left = deadline - time.monotonic()
+        if left <= 0:  # started (and kept for the next call), but no time is left
+            self.report(server.name)
+            return McpOutcome(
+                "not_sent", {"request_sent": False},
+                f"{server.name}.{tool}: starting the server took the call's "
+                f"{timeout_s:g} s; nothing was sent",
+            )  # fmt: skip
+        outcome = self._call(session, state, server, tool, arguments, left)
+        if outcome.end in ("result", "tool_error", "server_error"):
+            state.failures = 0  # it answered: whatever failed before is behind it
         self.report(server.name)
         return outcome
 
     def _call(
-        self, session: _Session, server: ToolServer, tool: str, arguments, timeout_s: float
-    ) -> McpOutcome:
-        state = self._state(server.name)
+        self, session: _Session, state: ServerState, server: ToolServer, tool: str, arguments,
+        timeout_s: float,
+    ) -> McpOutcome:  # fmt: skip
         live = session.session
         assert live is not None
 
@@ -442,24 +508,33 @@ class StdioPool:
         except Exception as exc:
             future.cancel()
             cause = root_cause(exc)
+            answered = isinstance(cause, MCPError) and cause.code not in NO_ANSWER_CODES
+            outcome = failure_outcome(cause, "call", server, tool)
+            if answered:
+                return outcome
+            # A crash, a hang or garbage: this process is done.
             if isinstance(cause, _Broken):
                 why = str(cause)
-            elif isinstance(cause, TimeoutError):
-                why = f"a call to {tool} hung past {timeout_s:g} s: the process is replaced"
-            else:
-                why = ""
-            answered = isinstance(cause, MCPError) and cause.code not in NO_ANSWER_CODES
-            if not answered:  # a crash, a hang or garbage: this process is done
-                session.stop_soon(self._running_loop())
-                self._ended(state, why or self._exit_words(session))
-            outcome = failure_outcome(cause, "call", server, tool)
-            if isinstance(cause, _Broken):
                 outcome.error = f"{server.name}.{tool}: {why}; whether it acted is not known"
+            elif isinstance(cause, TimeoutError) or (
+                isinstance(cause, MCPError) and cause.code == REQUEST_TIMEOUT
+            ):
+                why = (
+                    f"a call to {tool} hung past {round(timeout_s, 1):g} s: the process is replaced"
+                )
+            else:
+                why = session.problem or self._exit_words(session)
+                outcome.error = (
+                    f"{server.name}.{tool}: the request was sent but the server ended before "
+                    f"answering ({why}); whether it acted is not known"
+                )[:1000]
+            self._retire(state, session, why)
             return outcome
         return answered_outcome(f"{server.name}.{tool}", result, relisted)
 
     def list_tools(self, server: ToolServer, *, timeout_s: float) -> McpListing:
-        """The running session's ``tools/list`` (started if need be)."""
+        """The running session's ``tools/list`` (started if need be, within ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
         try:
             session = self.session_for(server, timeout_s)
         except NotStarted as exc:
@@ -467,13 +542,14 @@ class StdioPool:
             return McpListing(None, f"not listed: {exc}")
         live = session.session
         assert live is not None
+        left = max(deadline - time.monotonic(), 0.001)
 
         async def work():
-            with anyio.fail_after(timeout_s):
+            with anyio.fail_after(left):
                 return await session.until_broken(list_all(live))
 
         try:
-            tools = self._submit(work()).result(timeout=timeout_s + 5)
+            tools = self._submit(work()).result(timeout=left + 5)
         except Exception as exc:
             return McpListing(None, f"not listed: {in_words(root_cause(exc))}")
         session.tools_changed = False
@@ -490,7 +566,7 @@ class StdioPool:
 
         state = self._state(name)
         session = state.current
-        tail = session.tail if session is not None else None
+        tail = state.tail  # a failed start's too: its stderr says why
         stderr_moved = tail is not None and tail.changed
         now = self.clock()
         if not (force or state.report_due or (
@@ -505,7 +581,7 @@ class StdioPool:
         try:
             tool_processes.report(
                 name, self.worker, state=state.state,
-                pid=tail.pid if tail is not None and state.state == "running" else None,
+                pid=session.tail.pid if session is not None and state.state == "running" else None,
                 started_at=session.started_at if session is not None else None,
                 restarts=state.restarts, next_start_at=next_start, last_error=state.last_error,
                 stderr_tail=tail.text() if tail is not None else None, now=time_source.now(),
@@ -518,17 +594,22 @@ class StdioPool:
     # ------------------------------------------------------------------ shutdown
 
     def stop_all(self, *, wait_s: float = 10.0) -> None:
-        """Stop every server of this process (a worker's shutdown, a test's end)."""
+        """Stop every server of this process (a worker's shutdown, a test's
+        end), those already being replaced included, and wait for them."""
         if self._pid != os.getpid() or self._loop is None:
             return
-        sessions = [s.current for s in self.servers.values() if s.current is not None]
+        with self._lock:
+            sessions = list(self._sessions)
         for session in sessions:
             session.stop_soon(self._loop)
         deadline = time.monotonic() + wait_s
         for session in sessions:
             session.ended.wait(max(deadline - time.monotonic(), 0.0))
-        for state in self.servers.values():
-            state.current, state.state, state.report_due = None, "stopped", True
+        with self._lock:
+            self._sessions = [s for s in self._sessions if not s.ended.is_set()]
+        for state in list(self.servers.values()):
+            with self._lock:
+                state.current, state.state, state.report_due = None, "stopped", True
             self.report(state.name)
 
 

@@ -9,7 +9,8 @@ SIGTERM when the thread that started it dies (``PR_SET_PDEATHSIG``), starts
 the server in the same group with the same stdin, stdout and stderr, and
 lets go of its own copies of stdin and stdout, so the pipes close when the
 server does. On SIGTERM, SIGHUP or SIGINT it kills the whole group (the
-server and anything the server started, ``npx`` → ``node`` for instance). A
+server and anything the server started, ``npx`` → ``node`` for instance);
+when the server exits on its own, whatever it left in the group goes too. A
 ``PR_SET_PDEATHSIG`` on the server itself would not reach the server's own
 children; a guard that stays reaches them all.
 
@@ -64,10 +65,38 @@ def main(argv: list[str]) -> int:
     os.dup2(devnull, 1)
     code = server.wait()
     if code < 0:
-        _say(f"the server was killed by signal {-code} ({signal.Signals(-code).name})")
-        return 128 - code
-    _say(f"the server exited with code {code}")
+        _say(f"the server was killed by signal {-code} ({_signal_name(-code)})")
+        code = 128 - code
+    else:
+        _say(f"the server exited with code {code}")
+    if _others_in_group():
+        # What the server started outlives it (npx → node, a daemonised helper):
+        # nobody would stop it once this guard is gone, so the group goes now.
+        _kill_group(signal.SIGKILL, None)
     return code
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+
+
+def _others_in_group() -> bool:
+    """Whether a process other than this one is left in this process group."""
+    me, group = os.getpid(), os.getpgrp()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 if __name__ == "__main__":
