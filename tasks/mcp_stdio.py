@@ -177,6 +177,18 @@ class StderrTail:
         return " | ".join(list(self.lines)[-2:])
 
 
+def _running(pid: int) -> bool:
+    """Whether the server's process still runs: a server that died while idle
+    is seen before its guard has exited (and closed stderr), so no call is
+    sent to it for nothing. Linux's /proc: a zombie or a missing entry is dead."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 class _Broken(Exception):
     """The server wrote something that is not MCP on stdout."""
 
@@ -225,6 +237,7 @@ class _Session:
             and not self.ended.is_set()
             and not self.tail.ended.is_set()
             and not self._broken.is_set()
+            and (self.tail.pid is None or _running(self.tail.pid))
         )
 
     async def _on_message(self, message) -> None:
@@ -453,29 +466,41 @@ class StdioPool:
     # ------------------------------------------------------------------ calls
 
     def call_tool(
-        self, server: ToolServer, tool: str, arguments: dict[str, Any], *, timeout_s: float
+        self,
+        server: ToolServer,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_s: float,
+        limit_s: float | None = None,
     ) -> McpOutcome:
         """One ``tools/call`` on the server's running session; never raises (R4.2).
 
-        ``timeout_s`` bounds the whole call, a start included (R6.1: it is
-        what the run's clocks leave, or the server's own timeout)."""
-        deadline = time.monotonic() + timeout_s
+        ``timeout_s`` bounds the call (the server's own timeout); ``limit_s``,
+        what the run's clocks leave (R6.1), bounds a start and the call
+        together. A start is bounded by ``GOVERNANCE_MCP_STDIO_START_SECONDS``,
+        not by the call's timeout: a server slower to start than its calls
+        take still starts."""
+        deadline = None if limit_s is None else time.monotonic() + limit_s
         state = self._state(server.name)
         try:
-            session = self.session_for(server, timeout_s)
+            session = self.session_for(
+                server,
+                limit_s if limit_s is not None else settings.GOVERNANCE_MCP_STDIO_START_SECONDS,
+            )
         except NotStarted as exc:
             self.report(server.name)
             return McpOutcome(
                 "not_sent", {"request_sent": False},
                 f"{server.name}.{tool}: {exc}; nothing was sent",
             )  # fmt: skip
-        left = deadline - time.monotonic()
-        if left <= 0:  # started (and kept for the next call), but no time is left
+        left = timeout_s if deadline is None else min(timeout_s, deadline - time.monotonic())
+        if left <= 0:  # started (and kept for the next call), but the run's clocks ran out
             self.report(server.name)
             return McpOutcome(
                 "not_sent", {"request_sent": False},
-                f"{server.name}.{tool}: starting the server took the call's "
-                f"{timeout_s:g} s; nothing was sent",
+                f"{server.name}.{tool}: starting the server took the {limit_s:g} s the "
+                "run's clocks left; nothing was sent",
             )  # fmt: skip
         outcome = self._call(session, state, server, tool, arguments, left)
         if outcome.end in ("result", "tool_error", "server_error"):

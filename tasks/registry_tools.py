@@ -96,7 +96,9 @@ def run(
             idempotency_key=idempotency_key, timeout_s=timeout_s, token=token,
         )  # fmt: skip
     if server.kind == ToolServer.Kind.MCP_STDIO:
-        outcome = mcp_stdio.POOL.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
+        outcome = mcp_stdio.POOL.call_tool(
+            server, tool.tool, arguments, timeout_s=timeout_s, limit_s=limit_s
+        )
     else:
         outcome = mcp_client.call_tool(server, tool.tool, arguments, timeout_s=timeout_s)
     if outcome.relisted is not None:

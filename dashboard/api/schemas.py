@@ -747,7 +747,7 @@ class ToolListed(Answer):
 class ToolProcessAnswer(Answer):
     worker: str = Field(description="hostname:pid of the worker process")
     state: Literal["starting", "running", "restarting", "failed", "stopped"]
-    pid: int | None = Field(description="the server's process group (its guard's pid)")
+    pid: int | None = Field(description="the server's own process id, while it runs")
     started_at: str | None
     uptime_s: float | None
     restarts: int

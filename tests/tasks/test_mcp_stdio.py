@@ -277,9 +277,16 @@ def test_r6_1_a_slow_start_is_not_sent_within_the_start_clock_or_the_calls(
     settings.GOVERNANCE_MCP_STDIO_START_SECONDS = 15.0
     other = make_server("--slow-start", "60", name="slow-too")
     started = time.monotonic()
-    slow = pool.call_tool(other, "echo", {"text": "x"}, timeout_s=0.5)
+    slow = pool.call_tool(other, "echo", {"text": "x"}, timeout_s=15, limit_s=0.5)
     assert time.monotonic() - started < 2.0
     assert slow.end == "not_sent" and "within 0.5 s" in slow.error
+
+
+def test_r6_1_a_server_slower_to_start_than_its_calls_take_still_starts(pool, make_server):
+    # The call's own timeout bounds the call, not the start.
+    server = make_server("--slow-start", "1.5")
+    quick = pool.call_tool(server, "echo", {"text": "x"}, timeout_s=0.5)
+    assert quick.end == "result", quick.error
 
 
 def test_a_command_that_exits_at_once_is_not_sent_with_its_own_words(pool, make_server):
