@@ -151,15 +151,26 @@ def _process_rows(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _state_counts(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How many worker processes are in each state, trouble first."""
+    order = [*TROUBLE, *(s for s in ToolProcess.State if s not in TROUBLE)]
+    return [
+        {"words": ToolProcess.State(state).label, "class": PROCESS_STATES[state], "count": n}
+        for state in order
+        if (n := sum(p["state"] == state for p in processes))
+    ]
+
+
 def _rows() -> list[dict[str, Any]]:
     rows = []
     for server in tools_query.servers():
         row = tool_detail_json(server)
+        row["listed"] = _moment(row["listed_at"])
         if row["kind"] == ToolServer.Kind.MCP_STDIO:
             row["command_line"] = shlex.join([row["command"] or "", *row["args"]])
             row["process_rows"] = _process_rows(row["processes"])
             row["trouble"] = [p for p in row["process_rows"] if p["state"] in TROUBLE]
-            row["running"] = sum(p["state"] == ToolProcess.State.RUNNING for p in row["processes"])
+            row["state_counts"] = _state_counts(row["processes"])
         rows.append(row)
     return rows
 
@@ -254,14 +265,20 @@ def _preview(
 ) -> HttpResponse:
     """What the file would register, its problems, and the Register button
     (only for a plan without problems: a refused file is never sent back)."""
-    problems = problems if problems is not None else (plan.every_problem() if plan else [])
     ready = plan is not None and plan.ok
+    if problems is None:  # the plan's own: the file's listed on top, each entry's under it
+        problems = plan.every_problem() if plan else []
+        listed = list(plan.problems) if plan else []
+    else:
+        listed = problems
     return render(
         request,
         "tools/import.html",
         {
             "plan": plan,
             "problems": problems,
+            "listed_problems": listed,
+            "under_servers": len(problems) > len(listed),
             "content": tool_import.plan_text(plan) if ready else "",
             "ready": ready,
             "reason": reason,

@@ -272,9 +272,8 @@ def test_a_tool_manager_imports_http_servers_but_not_commands(client, tool_manag
     client.force_login(tool_manager)
     preview = preview_of(client, claude_desktop(mcp_url))
     assert preview.status_code == 400
-    assert "time: a stdio server runs a command on the workers: this needs the " in (
-        preview.content.decode().replace("&#x27;", "'")
-    )
+    page = preview.content.decode().replace("&#x27;", "'")
+    assert "a stdio server runs a command on the workers: this needs the 'run_tool_command'" in page
     stdio = json.dumps({"mcpServers": {"time": {"command": TIME}}})
     assert (
         client.post("/tools/import/register", {"content": stdio, "reason": "r"}).status_code == 400
