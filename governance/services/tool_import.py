@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from governance.models import ToolServer
 from governance.rules.secrets import ENV_NAME
 from governance.services.errors import ServiceError
+from governance.services.secrets import mask_url
 from governance.services.tool_servers import REASON_MAX, SERVER_NAME, checked_new_server
 
 FILE_MAX = 256_000  # characters: a configuration, not a data set
@@ -83,6 +84,7 @@ class PlannedServer:
     enabled: bool = True
     problems: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # keys of the file this registry does not read
+    args_withheld: bool = False  # refused for passing a secret: not shown either
 
     @property
     def stdio(self) -> bool:
@@ -90,8 +92,13 @@ class PlannedServer:
 
     @property
     def runs(self) -> str:
-        """What it runs (a shell-quoted command line) or the URL it is reached at."""
-        return shlex.join([self.command, *self.args]) if self.stdio else self.url
+        """What it runs (a shell-quoted command line) or the URL it is reached at,
+        as it may be shown: a secret the entry was refused for is not repeated."""
+        if not self.stdio:
+            return mask_url(self.url)
+        if self.args_withheld:
+            return f"{shlex.quote(self.command)} … (its arguments are not shown: see the problem)"
+        return shlex.join([self.command, *self.args])
 
     def settings(self) -> dict[str, Any]:
         """The tool settings ``register`` takes (beside name, kind and url)."""
@@ -235,6 +242,8 @@ def _judged(planned: PlannedServer, problems: list[str], refuse_stdio: str) -> P
         message = f"{place}: {exc.message}"
         if exc.field == "name" and (better := suggested_name(planned.name)):
             message += f" (rename it in the file, e.g. {better!r})"
+        if exc.field == "args":
+            planned = replace(planned, args_withheld=True)
         problems.append(message)
     else:
         planned = replace(planned, env_names=tuple(checked["env_names"]))

@@ -133,6 +133,22 @@ def test_each_refusal_says_what_to_write_instead_and_never_repeats_a_secret(entr
     assert all(SECRET not in p for p in problems)
 
 
+def test_a_refused_secret_in_the_arguments_or_the_url_is_not_shown_in_the_plan():
+    plan = read_plan(
+        file_of({
+            "gh": {"command": "/bin/true", "args": ["--token", SECRET]},
+            "web": {"url": f"http://127.0.0.1:9/mcp?api_key={SECRET}"},
+            "old": {"type": "sse", "url": f"http://me:{SECRET}@127.0.0.1:9/sse"},
+        })
+    )  # fmt: skip
+    gh, web, old = plan.servers
+    assert gh.runs == "/bin/true … (its arguments are not shown: see the problem)"
+    assert web.runs == "http://127.0.0.1:9/mcp?api_key=***"
+    assert old.runs == "http://***@127.0.0.1:9/sse"
+    assert all(s.problems for s in plan.servers)
+    assert SECRET not in repr([s.runs for s in plan.servers]) + repr(plan.every_problem())
+
+
 def test_a_name_the_registry_cannot_take_is_refused_with_the_reason_and_a_better_one():
     plan = read_plan(file_of({"github.com": {"command": TIME}, "calculator": {"command": TIME}}))
     assert plan.every_problem() == [
@@ -209,7 +225,7 @@ def test_servers_that_cannot_be_listed_leave_nothing_registered_and_each_is_name
     crash = tmp_path / "crashes"
     crash.write_text("#!/bin/sh\necho 'no configuration found' >&2\nexit 3\n")
     garbage = tmp_path / "not-mcp"
-    garbage.write_text("#!/bin/sh\necho 'hello, this is not JSON-RPC'\nsleep 5\n")
+    garbage.write_text("#!/bin/sh\necho 'hello, this is not JSON-RPC'\nexec cat >/dev/null\n")
     for script in (crash, garbage):
         script.chmod(0o755)
     servers = {"time": {"command": TIME}, "crash": {"command": str(crash)},
