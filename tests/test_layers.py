@@ -253,7 +253,10 @@ DASHBOARD_FORBIDDEN = {
 # events as the run stream reads them (one wait and one reading, not two).
 DASHBOARD_ALLOWED = {
     "openai": {"dashboard.api.base", "dashboard.api.waits", "dashboard.api.events"},
-    "pages": {"dashboard.api.base", "dashboard.api.openapi"},
+    # The Tools page registers a tool as the API does (``register``: judged, a
+    # stdio server listed by a short-lived process before anything is written):
+    # one way for every door, not a copy of it.
+    "pages": {"dashboard.api.base", "dashboard.api.openapi", "dashboard.api.tools"},
     "site": {
         "dashboard.api.base",
         "dashboard.api.urls",

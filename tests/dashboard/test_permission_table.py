@@ -5,9 +5,11 @@ every write. Where the table says no: 403, and nothing is written."""
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +38,8 @@ from tests import facts as written_facts
 pytestmark = pytest.mark.django_db
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
+# A real stdio MCP server from this virtual environment (registering lists its tools).
+TIME_SERVER = str(Path(sys.executable).parent / "mcp-server-time")
 
 
 # --------------------------------------------------------------------------- the URL map
@@ -131,6 +135,10 @@ def needs(codename: str):
     return lambda actor: "ok" if holds(actor, codename) else 403
 
 
+def needs_all(*codenames: str):
+    return lambda actor: "ok" if all(holds(actor, c) for c in codenames) else 403
+
+
 def on_someones(codename: str):
     """The permission, checked first; then someone else's is a 404 unless the
     actor sees everything."""
@@ -193,6 +201,9 @@ PAGE_WRITES = {
     "provider prices": needs("change_provider"),
     "provider schedule": needs("change_provider"),
     "new token": lambda actor: "ok",  # its own token, never wider than its role
+    # A stdio server runs a command on the workers: run_tool_command as well.
+    "register stdio tool": needs_all("change_toolserver", "run_tool_command"),
+    "import tools file (a stdio server)": needs_all("change_toolserver", "run_tool_command"),
 }
 API_ACTORS = [
     *(f"role:{role}" for role in ROLES),
@@ -342,6 +353,15 @@ def page_request(client, world: World, action: str):
              "schedule-p-reason": "table"},
         ),
         "new token": ("/tokens/", {"name": "mine"}),
+        "register stdio tool": (
+            "/tools/stdio",
+            {"stdio-name": "clock", "stdio-command": TIME_SERVER, "stdio-reason": "table"},
+        ),
+        "import tools file (a stdio server)": (
+            "/tools/import/register",
+            {"content": json.dumps({"mcpServers": {"clock": {"command": TIME_SERVER}}}),
+             "reason": "table"},
+        ),
     }  # fmt: skip
     path, data = calls[action]
     return client.post(path, data)
