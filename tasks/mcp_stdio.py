@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import mcp.types as types
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -297,6 +298,8 @@ class _Session:
                     broken.cancel()
         except Exception as exc:
             if not self.problem:
+                if not self._ready.is_set():  # the guard's last words arrive as the pipe closes
+                    await anyio.to_thread.run_sync(self.tail.ended.wait, 1.0)
                 self.problem = self._why(root_cause(exc))
         finally:
             self.tail.close_writer()
@@ -307,7 +310,6 @@ class _Session:
     def _why(self, exc: BaseException) -> str:
         if self._ready.is_set():
             return f"the session ended ({in_words(exc)})"
-        self.tail.ended.wait(1.0)  # the guard's last words arrive as the pipe closes
         said = self.tail.last()
         if isinstance(exc, ImproperlyConfigured | OSError):
             return f"could not start the server: {exc}"

@@ -79,8 +79,11 @@ def register(*, by: str, name: str, kind: str, url: str = "", reason: str = "", 
             return refresh_listing(server, "registered")
         return server, []
     values = tool_servers.checked_new_server(name=name, kind=kind, url=url, **settings_)
-    if not (reason or "").strip():  # before a process is started for nothing
+    reason = (reason or "").strip()
+    if not reason:  # judged before a process is started for nothing
         raise ServiceError("reason", "say why the workers should run this command (audited)")
+    if len(reason) > tool_servers.REASON_MAX:
+        raise ServiceError("reason", f"at most {tool_servers.REASON_MAX} characters")
     tools = listed_or_refused(values["command"], values["args"], values["env_names"], values["cwd"])
     server = tool_servers.create_tool_server(
         name=name, kind=kind, url=url, by=by, now=time_source.now(), reason=reason,

@@ -216,7 +216,7 @@ def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str
     else:
         for name in LAUNCH_FIELDS:
             if values.get(name):
-                raise ServiceError(name, f"only a stdio server (kind mcp_stdio) runs a {name}")
+                raise ServiceError(name, "only a stdio server (kind mcp_stdio) has this setting")
         values.update(command="", args=[], env_names=[], cwd="")
     if "url" in given and not stdio:
         values["url"] = check_url(values["url"], "url")

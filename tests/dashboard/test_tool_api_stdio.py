@@ -9,16 +9,20 @@ with nothing half-registered. The environment is named, never stored."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 import textwrap
 import time
+from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.core.management import call_command
 
 from governance.models import ApiToken, AuditEntry, Provider, Segment, ToolServer
 from governance.services.tokens import token_digest
+from tests.conftest import REPO_ROOT
 from tests.dashboard.test_tool_api import Api, field_of
 
 pytestmark = pytest.mark.django_db
@@ -26,6 +30,7 @@ pytestmark = pytest.mark.django_db
 ADMIN = "stdio-admin-token-" + "a" * 24
 TOOL_ADMIN = "stdio-tools-token-" + "t" * 24
 TIME_SERVER = str(Path(sys.executable).with_name("mcp-server-time"))
+TIME_RELATIVE = ".venv/bin/mcp-server-time"  # as the README names it
 BAD_SCHEMA_SERVER = textwrap.dedent(
     """
     import anyio
@@ -211,3 +216,18 @@ def test_r1_3_changing_what_a_stdio_server_runs_is_listed_first_audited_and_a_bo
     assert closed.closed_kind == "tool_surface_change"
     entry = AuditEntry.objects.get(action="tool.update", target_id="time")
     assert entry.reason == "Paris time" and entry.detail["after"]["args"] == changed["args"]
+
+
+def test_the_readme_registers_a_stdio_server_in_two_lines():
+    section = (REPO_ROOT / "README.md").read_text().split("## Tools", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(block) == 2 and block[0] == ".venv/bin/pip install mcp-server-time"
+    words = shlex.split(block[1].replace("$PWD", str(REPO_ROOT)))
+    assert words[:3] == [".venv/bin/python", "manage.py", "tool"]
+    out = StringIO()
+    call_command(*words[2:], stdout=out)
+
+    server = ToolServer.objects.get(name="time")
+    assert server.kind == "mcp_stdio" and server.command == str(REPO_ROOT / TIME_RELATIVE)
+    assert {t["name"] for t in server.listed_tools} == {"get_current_time", "convert_time"}
+    assert "get_current_time" in out.getvalue()
