@@ -22,9 +22,11 @@ from governance.models import Settlement, ToolProcess, ToolReceipt
 from tasks import mcp_stdio
 from tests import stdio_servers
 from tests.stdio_servers import MARKER, MARKER_ENV, recorded
-from tests.tasks.test_engine_registry_tools import ToolModel
+from tests.tasks import test_engine_registry_tools as registry_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ToolModel = registry_engine.ToolModel
+model = registry_engine.model  # its fixture: a tool-calling model on loopback
 
 BIN = Path(sys.executable).parent
 
@@ -44,26 +46,6 @@ def no_process_left(transactional_db):
     mcp_stdio.POOL.stop_all()
     left = stdio_servers.wait_until_none_left()
     assert not left, f"stdio processes left behind: {left}"
-
-
-@pytest.fixture
-def model():
-    """``ToolModel`` (an OpenAI-compatible model on loopback that calls one tool)."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
-    from governance.models import Provider
-
-    ToolModel.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ToolModel)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    Provider.objects.create(
-        provider_id="oa", kind="openai", model="gpt-test",
-        base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-    )  # fmt: skip
-    yield ToolModel
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture
