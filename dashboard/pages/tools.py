@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -30,6 +30,7 @@ from django.urls import reverse
 
 from dashboard.api.tools import register
 from dashboard.queries import tools as tools_query
+from dashboard.queries.runs import duration_words
 from dashboard.queries.tools import tool_detail_json
 from dashboard.site import permissions
 from dashboard.site.permissions import MANAGE_TOOLS, RUN_TOOL_COMMAND
@@ -119,21 +120,9 @@ def _moment(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
-def duration_words(seconds: float | None) -> str:
-    """'45 s', '12 min', '3 h 5 min', '2 d 4 h': an uptime at a glance."""
-    if seconds is None:
-        return "—"
-    total = int(seconds)
-    days, rest = divmod(total, 86_400)
-    hours, rest = divmod(rest, 3_600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min"
-    return f"{secs} s"
+def uptime_words(seconds: float | None) -> str:
+    """An uptime as people read a stopwatch (the run pages' words)."""
+    return duration_words(None if seconds is None else timedelta(seconds=seconds))
 
 
 def _process_rows(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -142,7 +131,7 @@ def _process_rows(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **p,
             "state_words": ToolProcess.State(p["state"]).label,
             "state_class": PROCESS_STATES.get(p["state"], "unknown"),
-            "uptime": duration_words(p["uptime_s"]),
+            "uptime": uptime_words(p["uptime_s"]),
             "started": _moment(p["started_at"]),
             "next_start": _moment(p["next_start_at"]),
             "updated": _moment(p["updated_at"]),

@@ -128,7 +128,7 @@ def test_processes_and_stderr_read_on_a_desktop_and_a_phone(
         summary = page.locator(".tools-summary")
         assert "1 of 1 stdio server in trouble" in summary.inner_text()
         running, failed = page.get_by_test_id("process-git").all()
-        assert "running" in running.inner_text() and "up 3 h 7 min" in running.inner_text()
+        assert "running" in running.inner_text() and "up 3 h 07 min" in running.inner_text()
         assert "failed to start" in failed.inner_text()
         assert "Why it failed to start" in failed.inner_text()
         tail = running.locator("pre.stderr-tail")

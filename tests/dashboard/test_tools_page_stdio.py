@@ -316,7 +316,7 @@ def test_each_worker_process_is_shown_with_its_state_uptime_and_stderr(client, o
     processes = card.split('data-testid="process-git"')[1:]
     running, failed, restarting, stopped = processes
     assert '<span class="state ok">running</span>' in running
-    assert "pid <span" in running and "4242" in running and "up 1 h 2 min" in running
+    assert "pid <span" in running and "4242" in running and "up 1 h 02 min" in running
     assert "2 restarts" in running
     assert "<details" in running and "WARNING slow repository" in running
     assert '<pre class="mono stderr-tail">' in running
@@ -342,4 +342,4 @@ def test_with_every_process_running_the_page_says_no_trouble(client, operator, c
     client.force_login(operator)
     page = client.get("/tools/").content.decode()
     assert "No stdio server in trouble" in page
-    assert "running in 1 worker<" in page and "up 45 s" in page
+    assert "running in 1 worker<" in page and "up 45.0 s" in page
