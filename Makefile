@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # The tests always use the real servers on loopback (trust auth).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/governance
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# Test processes (pytest-xdist), each with its own test database and Redis
+# database (tests/worker_isolation.py); a test file stays in one process.
+# PYTEST_WORKERS= runs the suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: run test lint format install services
 
@@ -27,7 +31,7 @@ services:
 	bash .ci/services.sh
 
 test: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

@@ -47,6 +47,8 @@ pytestmark = pytest.mark.django_db
 
 TOKEN = "api-contract-token-" + "k" * 24
 USERNAME = "operator-ann"
+# An id no row has (fixed, so every test worker collects the same test names).
+UNKNOWN_ID = "3f2c1b7e-0d4a-4e59-9b8e-6a1c2d3e4f50"
 RESOURCES = (
     "model_requests",
     "tool_calls",
@@ -730,7 +732,7 @@ def test_submit_run_without_a_key_twice_makes_two_runs(api, thread):
     assert Run.objects.filter(idempotency_key__isnull=True).count() == 2
 
 
-@pytest.mark.parametrize("thread_id", [str(uuid.uuid4()), "not-a-uuid", "123", "%20"])
+@pytest.mark.parametrize("thread_id", [UNKNOWN_ID, "not-a-uuid", "123", "%20"])
 def test_submit_run_unknown_or_malformed_thread_is_404_json(api, thread, thread_id):
     before = counts()
     api.error(api.post(f"/api/v1/threads/{thread_id}/runs", {"input": "x"}), 404, None)
@@ -738,7 +740,7 @@ def test_submit_run_unknown_or_malformed_thread_is_404_json(api, thread, thread_
 
 
 @pytest.mark.parametrize("suffix", ["", "/segment"])
-@pytest.mark.parametrize("thread_id", [str(uuid.uuid4()), "nope"])
+@pytest.mark.parametrize("thread_id", [UNKNOWN_ID, "nope"])
 def test_get_unknown_or_malformed_thread_is_404_json(api, thread_id, suffix):
     api.error(api.get(f"/api/v1/threads/{thread_id}{suffix}", status=None), 404, None)
 
@@ -916,7 +918,7 @@ def test_r7_2_an_uncommitted_chunk_is_not_part_of_the_body(api, run_id, manual_c
 
 
 @pytest.mark.parametrize("suffix", ["", "/cancel"])
-@pytest.mark.parametrize("run", [str(uuid.uuid4()), "garbage", "0"])
+@pytest.mark.parametrize("run", [UNKNOWN_ID, "garbage", "0"])
 def test_unknown_or_malformed_run_is_404_json(api, run_id, run, suffix):
     before = counts()
     if suffix:
@@ -1346,7 +1348,7 @@ def test_r8_3_two_boundaries_with_different_keys_make_two(api, thread):
     assert AuditEntry.objects.filter(action="boundary.model_switch").count() == 2
 
 
-@pytest.mark.parametrize("thread_id", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize("thread_id", [UNKNOWN_ID, "not-a-uuid"])
 def test_boundary_on_unknown_or_malformed_thread_is_404_json(api, thread_id):
     before = counts()
     api.error(

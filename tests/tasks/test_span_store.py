@@ -492,6 +492,8 @@ def test_r6_1_a_stage_is_one_insert_written_soon_after_it_ends():
     go to the store in ONE multi-row INSERT on the writer's own connection, a
     moment after the execution span ends — not one INSERT per span, and not
     only when the (here very long) flush interval runs out."""
+    # A clean store: rows another test's writer committed would end the wait below early.
+    SpanRecord.objects.all().delete()
     exporter = CountingExporter()
     processor = SpanStoreProcessor(exporter, flush_delay_s=0.05, flush_interval_s=600)
     provider = provider_with(processor)
