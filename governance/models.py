@@ -580,6 +580,67 @@ class RunEvent(models.Model):
         indexes = [models.Index(fields=["segment", "kind"])]
 
 
+class Incident(models.Model):
+    """One segment's trouble as on-call works it (R8.2): its critical
+    notifications grouped, one lifecycle (``governance.rules.incidents``).
+    Each step, with who, when and an optional note, is an ``IncidentStep``;
+    what each channel was told is in the notifications' deliveries."""
+
+    class State(models.TextChoices):
+        TRIGGERED = "triggered"
+        ACKNOWLEDGED = "acknowledged"
+        RESOLVED = "resolved"
+
+    key = models.CharField(max_length=120, unique=True)  # PagerDuty's dedup_key
+    segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="incidents")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.TRIGGERED)
+    # The time of the fact that opened it (the refusal that froze, the run that settled).
+    opened_at = models.DateTimeField()
+    acked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    acked_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)  # a username
+    resolved_how = models.CharField(max_length=200, blank=True)  # "a fresh start", "by hand"
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["segment"], condition=Q(resolved_at__isnull=True), name="one_open_incident"
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "-opened_at"], name="incident_by_state")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class IncidentStep(models.Model):
+    """One step of an incident's lifecycle: who, when, and an optional note."""
+
+    class Kind(models.TextChoices):
+        TRIGGERED = "triggered"
+        JOINED = "joined"  # another critical notification of the same segment
+        ESCALATED = "escalated"
+        ACKNOWLEDGED = "acknowledged"
+        RESOLVED = "resolved"
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="steps")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=150)  # a username, or "system"
+    notification = models.ForeignKey(
+        "Notification", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    escalation_level = models.PositiveSmallIntegerField(null=True, blank=True)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
 class Notification(models.Model):
     class Severity(models.TextChoices):
         NORMAL = "normal"
@@ -602,6 +663,12 @@ class Notification(models.Model):
     escalation_level = models.PositiveSmallIntegerField(default=0)
     last_escalated_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # The incident it belongs to (critical notifications of a segment, R8.2);
+    # the first one of an incident is its lead, the one that escalates.
+    incident = models.ForeignKey(
+        Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="notifications"
+    )
+    leads_incident = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]

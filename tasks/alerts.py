@@ -11,7 +11,8 @@ plain http in production; ``tasks.outbound``).
 
 Channel kinds: generic webhook (JSON), Slack-compatible incoming webhook,
 e-mail (Django's e-mail backend) and PagerDuty Events API v2, whose
-``dedup_key`` is our R3.6 dedupe key: trigger, acknowledge, resolve.
+``dedup_key`` is the incident's key (R8.2; an alert outside any incident:
+its R3.6 dedupe key): trigger, acknowledge, resolve.
 """
 
 from __future__ import annotations
@@ -107,12 +108,25 @@ def _action(event: str) -> str:
 
 
 def dashboard_link(notification: Notification) -> str:
+    """The incident's page when the alert belongs to one (R8.2), else the inbox."""
     base = settings.GOVERNANCE_DASHBOARD_URL.rstrip("/")
+    if notification.incident_id is not None:
+        try:
+            return f"{base}{reverse('incident', args=[notification.incident_id])}"
+        except NoReverseMatch:
+            return f"{base}/incidents/{notification.incident_id}/"
     try:
         path = reverse("alerts")
     except NoReverseMatch:
         path = "/alerts/"
     return f"{base}{path}#alert-{notification.id}"
+
+
+def dedup_key(notification: Notification) -> str:
+    """What a pager groups by: the incident's key, so the freeze and the "no
+    eligible provider" of one segment are one page (R8.2); the notification's
+    own R3.6 key for an alert outside any incident."""
+    return notification.incident.key if notification.incident_id else notification.dedupe_key
 
 
 def headline(delivery: NotificationDelivery) -> str:
@@ -128,6 +142,8 @@ def headline(delivery: NotificationDelivery) -> str:
         return f"[acknowledged] by {who}{at}"
     if event == services_alerts.RESOLVE:
         at = f" at {n.resolved_at:%Y-%m-%d %H:%M} UTC" if n.resolved_at else ""
+        if n.incident_id and n.incident.resolved_how:
+            return f"[resolved] {n.incident.resolved_how} ({n.incident.resolved_by}){at}"
         return f"[resolved] a boundary closed the segment{at}"
     return f"[{severity}]"
 
@@ -150,6 +166,19 @@ def webhook_body(delivery: NotificationDelivery) -> dict[str, Any]:
         "acked_at": n.acked_at.isoformat() if n.acked_at else None,
         "resolved_at": n.resolved_at.isoformat() if n.resolved_at else None,
         "url": dashboard_link(n),
+        "incident": _incident_json(n),
+    }
+
+
+def _incident_json(n: Notification) -> dict[str, Any] | None:
+    if n.incident_id is None:
+        return None
+    incident = n.incident
+    return {
+        "id": incident.id,
+        "key": incident.key,
+        "state": incident.state,
+        "opened_at": incident.opened_at.isoformat(),
     }
 
 
@@ -163,7 +192,7 @@ def pagerduty_body(delivery: NotificationDelivery, routing_key: str) -> dict[str
     body: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": _action(delivery.event),
-        "dedup_key": n.dedupe_key,
+        "dedup_key": dedup_key(n),
     }
     if body["event_action"] == services_alerts.TRIGGER:
         body["payload"] = {
@@ -173,6 +202,7 @@ def pagerduty_body(delivery: NotificationDelivery, routing_key: str) -> dict[str
             "component": SOURCE,
             "custom_details": {
                 "segment": n.segment.key if n.segment else None,
+                "alert": n.dedupe_key,
                 "provider_ids": list(n.provider_ids),
                 "escalation_level": n.escalation_level,
             },

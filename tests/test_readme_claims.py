@@ -59,7 +59,8 @@ def test_readme_links_every_doc_it_names_and_they_exist():
         assert f"]({doc})" in README, doc
         assert (REPO_ROOT / doc).is_file(), doc
     assert "](deploy/)" in README and (REPO_ROOT / "deploy" / "compose.yaml").is_file()
-    assert "](docs/img/overview.png)" in README and (REPO_ROOT / "docs/img/overview.png").is_file()
+    for image in ("docs/img/overview.png", "docs/img/incident.png"):
+        assert f"]({image})" in README and (REPO_ROOT / image).is_file(), image
 
 
 def test_readme_gives_the_makefiles_two_commands():

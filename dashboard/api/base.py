@@ -258,13 +258,13 @@ def _decode_cursor(cursor: str, pk: Callable[[str], Any]):
         raise ApiError(400, "cursor", "is not a cursor this API gave out") from None
 
 
-def page(rows, query, pk: Callable[[str], Any]) -> tuple[list, str | None]:
-    """One page of ``rows`` (newest first by created_at, then id) and the next cursor."""
-    rows = rows.order_by("-created_at", "-pk")
+def page(rows, query, pk: Callable[[str], Any], at: str = "created_at") -> tuple[list, str | None]:
+    """One page of ``rows`` (newest first by the time field ``at``, then id) and the next cursor."""
+    rows = rows.order_by(f"-{at}", "-pk")
     if query.cursor is not None:
-        created_at, last = _decode_cursor(query.cursor, pk)
-        rows = rows.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=last))
+        time, last = _decode_cursor(query.cursor, pk)
+        rows = rows.filter(Q(**{f"{at}__lt": time}) | Q(**{at: time, "pk__lt": last}))
     items = list(rows[: query.limit + 1])
     more = len(items) > query.limit
     items = items[: query.limit]
-    return items, _encode_cursor(items[-1].created_at, items[-1].pk) if more else None
+    return items, _encode_cursor(getattr(items[-1], at), items[-1].pk) if more else None

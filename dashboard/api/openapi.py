@@ -102,6 +102,13 @@ NOTIFICATION_ID = {
     "description": "the notification's id",
     "schema": {"type": "integer", "minimum": 1},
 }
+INCIDENT_ID = {
+    "name": "incident_id",
+    "in": "path",
+    "required": True,
+    "description": "the incident's id",
+    "schema": {"type": "integer", "minimum": 1},
+}
 PROVIDER_ID = {
     "name": "provider_id",
     "in": "path",
@@ -226,6 +233,36 @@ OPERATIONS: tuple[Operation, ...] = (
         parameters=(NOTIFICATION_ID,),
         description="Needs the `acknowledge_notification` permission, like the inbox's "
         "button. No body.",
+    ),
+    Operation(
+        "get", "/api/v1/incidents",
+        "Incidents (a segment's critical alerts as one, R8.2), newest first (cursor-paged)",
+        {200: ("one page of incidents and the next cursor", s.IncidentList)},
+        errors=READ, tags=("incidents",), parameters=_query(s.IncidentQuery),
+    ),
+    Operation(
+        "get", "/api/v1/incidents/{incident_id}",
+        "One incident: its steps, what each channel was told, the next escalation",
+        {200: ("the incident", s.IncidentDetail)}, errors=(401, 404, 405, 500),
+        tags=("incidents",), parameters=(INCIDENT_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/incidents/{incident_id}/ack",
+        "Acknowledge an incident (R8.2): once, with an optional note; again answers who was first",
+        {200: ("the incident, acknowledged", s.IncidentChanged)},
+        body=s.IncidentAction, errors=(*WRITE, 403), tags=("incidents",),
+        parameters=(INCIDENT_ID,),
+        description="Needs the `acknowledge_notification` permission. Acknowledges every "
+        "alert of the incident; escalation stops and the channels that were paged hear it.",
+    ),
+    Operation(
+        "post", "/api/v1/incidents/{incident_id}/resolve",
+        "Resolve an incident by hand (R8.2), with an optional note",
+        {200: ("the incident, resolved", s.IncidentChanged)},
+        body=s.IncidentAction, errors=(*WRITE, 403), tags=("incidents",),
+        parameters=(INCIDENT_ID,),
+        description="Needs the `acknowledge_notification` permission. A boundary that "
+        "closes the segment resolves its incident by itself and says which one.",
     ),
     Operation(
         "get", "/api/v1/providers", "Providers: configuration and breaker state",
@@ -377,6 +414,16 @@ LINKS: dict[tuple[str, str, int], dict[str, tuple[tuple[str, str], dict[str, str
     ("post", "/api/v1/tools", 201): {
         "GetTool": (("get", "/api/v1/tools/{name}"), {"name": "$response.body#/name"}),
         "ChangeTool": (("patch", "/api/v1/tools/{name}"), {"name": "$response.body#/name"}),
+    },
+    ("get", "/api/v1/incidents", 200): {
+        "GetIncident": (
+            ("get", "/api/v1/incidents/{incident_id}"),
+            {"incident_id": "$response.body#/items/0/id"},
+        ),
+        "AckIncident": (
+            ("post", "/api/v1/incidents/{incident_id}/ack"),
+            {"incident_id": "$response.body#/items/0/id"},
+        ),
     },
     ("get", "/api/v1/notifications", 200): {
         "AckNotification": (

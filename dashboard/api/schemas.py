@@ -340,6 +340,17 @@ class NotificationQuery(PageQuery):
     )
 
 
+class IncidentQuery(PageQuery):
+    state: Literal["open", "triggered", "acknowledged", "resolved", "all"] = Field(
+        "open",
+        description="open: triggered or acknowledged; triggered: needing a person",
+    )
+
+
+class IncidentAction(Body):
+    note: text(2_000, strip=True) = Field("", description="kept on the incident's step")
+
+
 class ThreadQuery(PageQuery):
     pass
 
@@ -578,6 +589,62 @@ class ReprobeInsights(Answer):
     provider: str | None
     rows: list[ReprobeRow] = Field(description="per tier, provider, model and category")
     totals: list[ReprobeRow] = Field(description="per tier over every provider")
+
+
+class IncidentStepAnswer(Answer):
+    kind: Literal["triggered", "joined", "escalated", "acknowledged", "resolved"]
+    at: str = Field(description="when its fact happened")
+    actor: str = Field(description="a username, or system")
+    note: str
+    notification_id: int | None
+    escalation_level: int | None
+
+
+class IncidentPageAnswer(Answer):
+    channel: str
+    channel_kind: str
+    event: str = Field(description="trigger, escalate-N, acknowledge or resolve")
+    state: Literal["pending", "sending", "delivered", "retry", "failed", "dropped"]
+    attempts: int
+    status_code: int | None
+    delivered_at: str | None
+    last_error: str
+
+
+class IncidentAnswer(Answer):
+    id: int
+    key: str = Field(description="the incident's identity outside (PagerDuty's dedup_key)")
+    state: Literal["triggered", "acknowledged", "resolved"]
+    needs_a_person: bool
+    segment: str
+    thread_id: str
+    thread_title: str
+    opened_at: str
+    acknowledged_by: str | None
+    acknowledged_at: str | None
+    resolved_at: str | None
+    resolved_by: str | None
+    resolved_how: str | None
+    notification_ids: list[int]
+    url: str = Field(description="the incident's page on the dashboard")
+
+
+class IncidentDetail(IncidentAnswer):
+    steps: list[IncidentStepAnswer]
+    pages: list[IncidentPageAnswer] = Field(description="what each channel was told")
+    escalation_level: int
+    next_escalation_at: str | None
+
+
+class IncidentList(Answer):
+    items: list[IncidentAnswer]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+
+
+class IncidentChanged(IncidentDetail):
+    changed: bool = Field(
+        description="false: nothing changed (acknowledged or resolved before; the first stays)"
+    )
 
 
 class NotificationAcked(NotificationAnswer):

@@ -4,6 +4,7 @@ from django.urls import path
 
 from dashboard.api import (
     events,
+    incidents,
     insights,
     notifications,
     openapi,
@@ -35,6 +36,14 @@ api_patterns = [
         "api/v1/notifications/<str:notification_id>/ack",
         notifications.acknowledge_notification,
         name="api-notification-ack",
+    ),
+    path("api/v1/incidents", incidents.incidents, name="api-incidents"),
+    path("api/v1/incidents/<str:incident_id>", incidents.incident, name="api-incident"),
+    path("api/v1/incidents/<str:incident_id>/ack", incidents.acknowledge, name="api-incident-ack"),
+    path(
+        "api/v1/incidents/<str:incident_id>/resolve",
+        incidents.resolve,
+        name="api-incident-resolve",
     ),
     path("api/v1/providers", providers.providers, name="api-providers"),
     path("api/v1/providers/<str:provider_id>", providers.provider, name="api-provider"),

@@ -16,21 +16,22 @@ from governance import time_source
 @login_required
 @permissions.requires(GET=None)
 def overview(request: HttpRequest) -> HttpResponse:
-    """State first: critical alerts, refusal trouble, runs, providers, clocks.
+    """State first: incidents needing a person, refusal trouble, runs, providers, clocks.
 
     htmx polls the board fragment (and refreshes it right after an
     acknowledgement), so the page updates without a reload.
     """
     now = time_source.now()
-    alerts, alert_total = overview_queries.critical_unacknowledged()
+    incidents, incident_total = overview_queries.incidents_needing_a_person()
     troubled, troubled_total = overview_queries.troubled_segments(now)
     clocks = overview_queries.clock_percentiles(now)
     context = {
         "components": system_status(datetime.now(UTC)),
         "queues": queue_report(),
         "rule": refusal_rule_summary(),
-        "alerts": alerts,
-        "alert_total": alert_total,
+        "incidents": incidents,
+        "incident_total": incident_total,
+        "channels_configured": overview_queries.alert_channels_configured(),
         "troubled": troubled,
         "troubled_total": troubled_total,
         "runs": overview_queries.runs_by_state(now),

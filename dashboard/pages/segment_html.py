@@ -19,7 +19,7 @@ from typing import Any
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from dashboard.templatetags.ui import when
+from dashboard.templatetags.ui import at_clock, when
 
 # An attempt's result as the colour of a state the page already draws.
 RESULT_STATE = {"accepted": "completed", "refused": "frozen"}
@@ -41,6 +41,14 @@ def _attempt(item: Any, run_url: str) -> str:
         )
         if value
     )
+    planned = item.card.get("planned")
+    if planned is not None:  # a numbered re-probe: its plan beside what happened (R8.1)
+        late = round((a.started_at - planned).total_seconds() / 60)
+        extra += (
+            f'\n        <span class="muted">planned</span> {at_clock(planned)}'
+            f'<span class="muted">, sent</span> {at_clock(a.started_at)}'
+            + (f' <span class="muted">({late:+d} min)</span>' if late else "")
+        )
     return (
         '\n        <span class="tl-kind">Request</span>'
         f'\n        <span class="mono">{_e(a.provider.provider_id)}</span> · '

@@ -21,7 +21,9 @@ SEVERITY_CHOICES = (
 
 def _rows() -> QuerySet[Notification]:
     # The row shows the segment (open or closed, and what replaced it) and who acknowledged.
-    return Notification.objects.select_related("segment", "segment__next_segment", "acked_by")
+    return Notification.objects.select_related(
+        "segment", "segment__next_segment", "acked_by", "incident"
+    )
 
 
 def inbox(state: str = "all", severity: str = "all") -> QuerySet[Notification]:

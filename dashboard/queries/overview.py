@@ -1,4 +1,4 @@
-"""What the overview shows first: alerts, refusal trouble, runs, providers, clocks."""
+"""What the overview shows first: incidents, refusal trouble, runs, providers, clocks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from datetime import datetime, timedelta
 
 from django.db.models import Count
 
+from dashboard.queries import incidents as incident_queries
 from governance import services
 from governance.models import (
-    Notification,
+    AlertChannel,
+    Incident,
     Provider,
     ProviderHealthState,
     Run,
@@ -25,10 +27,17 @@ CLOCK_NAMES = ("queue_ms", "execution_ms", "no_progress_ms", "deadline_remaining
 MAX_CLOCK_SAMPLES = 5000
 
 
-def critical_unacknowledged(limit: int = 10) -> tuple[list[Notification], int]:
-    rows = Notification.objects.filter(severity="critical", acked_at__isnull=True)
+def incidents_needing_a_person(limit: int = 10) -> tuple[list[Incident], int]:
+    """Triggered incidents (R8.2), newest first: acknowledged or resolved ones
+    never ask for a person."""
+    rows = Incident.objects.filter(state__in=incident_queries.NEEDS_A_PERSON)
     total = rows.count()
-    return list(rows.select_related("segment").order_by("-created_at")[:limit]), total
+    found = rows.select_related("segment", "segment__thread").order_by("-opened_at", "-id")
+    return list(found[:limit]), total
+
+
+def alert_channels_configured() -> bool:
+    return AlertChannel.objects.filter(enabled=True).exists()
 
 
 @dataclass(frozen=True)

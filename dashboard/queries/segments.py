@@ -478,6 +478,47 @@ def _item(source: str, row: Any, time_field: str) -> TimelineItem:
     return TimelineItem(source, at, _RANK[source], row.id, row)
 
 
+# How many fallback cards are read back to find the one before each re-probe shown.
+REPROBE_CARDS = 100
+
+
+def _number_reprobes(segment: Segment, items: list[TimelineItem]) -> None:
+    """R8.1: each re-probe on the page says which it is ("re-probe 2 of 3") and
+    when it was planned, read from the last fallback card before it, where the
+    refusal state is kept (R3.5): its ``reprobes`` so far, its schedule and its
+    ``next_probe_at``. One query, only when the page shows a re-probe."""
+    probes = [i for i in items if i.kind == "attempt" and i.obj.kind == "re_probe"]
+    if not probes:
+        return
+    cards = list(
+        RunEvent.objects.filter(
+            segment=segment, kind="llm-fallback", at__lt=max(p.at for p in probes)
+        )
+        .order_by("-at", "-id")
+        .only("at", "metadata")[:REPROBE_CARDS]
+    )
+    default_count = len(services.reprobe_delays())
+    for probe in probes:
+        provider_id = probe.obj.provider.provider_id
+        for card in cards:
+            if card.at >= probe.at:
+                continue
+            entries = card.metadata.get("refusal") or []
+            entry = next(
+                (e for e in entries if isinstance(e, dict) and e.get("provider_id") == provider_id),
+                None,
+            )
+            if entry is None:
+                continue
+            done = entry.get("reprobes")
+            if not isinstance(done, int):
+                break  # a card from before re-probes were counted: no number
+            count = len(entry.get("delays_s") or ()) or default_count
+            probe.label = f"re-probe {done + 1} of {count}"
+            probe.card = {"planned": _parse_time(entry.get("next_probe_at"))}
+            break
+
+
 def segment_timeline(segment: Segment, *, before: datetime | None, limit: int = 50) -> Timeline:
     """R8.1: what happened in the segment, newest first, about ``limit`` items a page.
 
@@ -528,6 +569,7 @@ def segment_timeline(segment: Segment, *, before: datetime | None, limit: int = 
     for item in items:
         if item.kind == "fallback":
             item.card = card_view(item.obj.metadata)
+    _number_reprobes(segment, items)
     first_page = before is None
     if first_page and segment.closed_at is not None:
         items.insert(0, TimelineItem("closed", segment.closed_at, 9, 0, segment))

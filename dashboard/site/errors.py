@@ -37,7 +37,6 @@ import secrets
 import sys
 from urllib.parse import urlsplit
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import (
     BadRequest,
@@ -54,6 +53,7 @@ from django.views.debug import SafeExceptionReporterFilter
 
 from dashboard.api.base import error_response
 from dashboard.openai.errors import openai_error
+from dashboard.site.answer_middleware import AnswerMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -208,27 +208,14 @@ def _declared_length(request: HttpRequest) -> int | None:
     return declared_length(request.META.get("CONTENT_LENGTH", ""))
 
 
-class ApiErrorMiddleware:
+class ApiErrorMiddleware(AnswerMiddleware):
     """JSON errors under /api/ and /v1/ (see the module's docstring). Sync and async."""
 
-    sync_capable = True
-    async_capable = True
-
     def __init__(self, get_response) -> None:
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
+        super().__init__(get_response)
         if self.async_mode:
-            markcoroutinefunction(self)
             # Django would run a plain process_view in a thread for every request.
             self.process_view = self._process_view_async
-
-    def __call__(self, request: HttpRequest):
-        if self.async_mode:
-            return self.__acall__(request)
-        return self._finish(request, self.get_response(request))
-
-    async def __acall__(self, request: HttpRequest):
-        return self._finish(request, await self.get_response(request))
 
     def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs):
         # Here rather than in __call__: the refusal passes every middleware's

@@ -77,6 +77,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # An action after the session expired: "log in again", then back (session_expiry.py).
+    "dashboard.site.session_expiry.SessionExpiryMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -100,6 +102,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.pages.incidents.nav_count",
             ],
         },
     },
@@ -414,6 +417,9 @@ GOVERNANCE_ALERT_CLAIM_LEASE_SECONDS = env_int(
 )
 # Links in outbound alerts point here.
 GOVERNANCE_DASHBOARD_URL = env_str("GOVERNANCE_DASHBOARD_URL") or "http://localhost:8000"
+# The demo's pager (dashboard/pages/demo_pager.py): POST /demo/pager answers 200 and
+# logs the page; `manage.py demo` points an alert channel at it. Off in production.
+GOVERNANCE_DEMO_PAGER = env_bool("GOVERNANCE_DEMO_PAGER", DEBUG)
 
 # Secrets whose variable an admin names in the database (a provider's
 # api_key_env, a tool's token_env, a PagerDuty channel's routing_key_env) cannot
@@ -483,6 +489,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"quiet_refusals": {"()": "dashboard.site.log_filters.QuietRefusals"}},
+    "loggers": {"django.request": {"filters": ["quiet_refusals"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL or "INFO"},
 }
 # `manage.py up` checks the runs in progress, the stages waiting and the last

@@ -54,6 +54,23 @@ def at_clock(moment: datetime | None):
     )
 
 
+@register.simple_tag
+def moment(moment: datetime | None):
+    """An absolute time with its zone, the relative words beside it:
+    '2026-12-05 03:54 UTC (3 min ago)'. The page script shows the absolute
+    time in the viewer's zone, labelled with that zone."""
+    if moment is None:
+        return "—"
+    return format_html(
+        '<time datetime="{}" data-format="stamp" title="{}">{}</time>'
+        ' <span class="relative">({})</span>',
+        moment.isoformat(),
+        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        moment.strftime("%Y-%m-%d %H:%M UTC"),
+        relative(moment, time_source.now()),
+    )
+
+
 @register.simple_tag(takes_context=True)
 def query_with(context, **changes):
     """The current query string with some parameters replaced (filters, pages)."""

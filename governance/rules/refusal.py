@@ -363,6 +363,9 @@ def _notice(
             f"At most {most} re-probes follow ({states}); "
             "the turn falls back to the next provider."
         )
+    # A notice carries the time of its fact: the refusal that froze (or first
+    # refused), never the start of the turn that sent it.
+    refused = [at for refusal, _ in group if (at := refused_at_datetime(refusal)) is not None]
     return Notice(
         dedupe_key=f"provider-refusal:{seg_key}:{reprobes}:{','.join(ids)}",
         severity=severity,
@@ -370,7 +373,7 @@ def _notice(
         segment_key=seg_key,
         provider_ids=ids,
         reprobes=reprobes,
-        created_at=as_utc(now),
+        created_at=max(refused) if refused else as_utc(now),
     )
 
 
@@ -478,8 +481,8 @@ def no_eligible_provider_notice(
         dedupe_key=f"no-eligible-provider:{segment_key}",
         severity="critical",
         text=(
-            f"Run {run_id} settled: no provider is eligible in segment {segment_key} "
-            f"(each was {RULE_TEXT}). {boundary_action_needed}."
+            f"Run {run_id} settled: no provider is eligible in segment {segment_key}; "
+            f"each was {RULE_TEXT}. {boundary_action_needed}."
         ),
         segment_key=segment_key,
         provider_ids=tuple(sorted(provider_ids)),

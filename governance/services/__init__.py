@@ -8,7 +8,6 @@ use most are re-exported here; the topic modules ``alerts``, ``callbacks`` and
 
 from __future__ import annotations
 
-from governance.services.alerts import acknowledge_notification, emit_notice
 from governance.services.audit import audit
 from governance.services.budget import admit, budget_view, run_budget_view
 from governance.services.claims import holder_gone, lost_process, new_holder, renew_leases
@@ -19,6 +18,12 @@ from governance.services.health import (
     health_verdicts,
     provider_health,
     record_provider_result,
+)
+from governance.services.incidents import (
+    acknowledge_incident,
+    acknowledge_notification,
+    emit_notice,
+    resolve_incident,
 )
 from governance.services.receipts import close_receipt, open_receipt
 from governance.services.refusals import (
@@ -58,6 +63,7 @@ __all__ = [
     "TOOL_NAMES",
     "BoundaryConflict",
     "ServiceError",
+    "acknowledge_incident",
     "acknowledge_notification",
     "admit",
     "append_history",
@@ -92,6 +98,7 @@ __all__ = [
     "reprobe_delays",
     "reprobe_schedules",
     "request_cancel",
+    "resolve_incident",
     "run_budget_view",
     "run_facts",
     "run_goal",

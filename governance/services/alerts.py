@@ -32,10 +32,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Q
 
-from governance.models import AlertChannel, Notification, NotificationDelivery, Segment
+from governance.models import (
+    AlertChannel,
+    IncidentStep,
+    Notification,
+    NotificationDelivery,
+    Segment,
+)
+from governance.rules.incidents import escalation_tier
 from governance.rules.redelivery import RetryPolicy, Verdict, after_attempt, may_attempt
 from governance.rules.refusal import counts_against_daily_budget, within_daily_budget
 from governance.services.audit import audit
@@ -179,33 +186,40 @@ def _stop_escalations(notification: Notification, why: str, now: datetime) -> No
 
 
 def notification_created(notification: Notification) -> list[int]:
-    """Hook of ``services.emit_notice``: trigger the first tier."""
+    """Hook of ``services.incidents.emit_notice``: trigger the first tier."""
     all_tiers = tiers()
-    if not all_tiers:
+    tier = escalation_tier(0, len(all_tiers))
+    if tier is None:
         return []
-    return _create(notification, all_tiers[0], TRIGGER, notification.created_at)
+    return _create(notification, all_tiers[tier], TRIGGER, notification.created_at)
 
 
 def notification_acknowledged(notification: Notification, now: datetime) -> list[int]:
-    """Hook of ``services.acknowledge_notification``: escalation stops at once,
+    """Hook of ``services.incidents``' acknowledgement: escalation stops at once,
     and every channel that heard the alert hears the acknowledgement."""
     _stop_escalations(notification, "acknowledged before this escalation was sent", now)
     return _create(notification, _heard(notification), ACKNOWLEDGE, now)
 
 
+def notification_resolved(notification: Notification, now: datetime, why: str) -> list[int]:
+    """The notification's trouble is over: escalation stops and every channel
+    that heard it hears the resolution (once: a claim by conditional update)."""
+    changed = Notification.objects.filter(id=notification.id, resolved_at__isnull=True).update(
+        resolved_at=now
+    )
+    if not changed:
+        return []
+    notification.resolved_at = now
+    _stop_escalations(notification, f"{why} before this escalation was sent", now)
+    return _create(notification, _heard(notification), RESOLVE, now)
+
+
 def segment_closed(segment: Segment, now: datetime) -> list[int]:
-    """Hook of ``services.apply_boundary``: the boundary clears the closed
-    segment's alerts; channels that heard them hear the resolution."""
+    """Hook of ``services.incidents.segment_trouble_cleared``: the boundary
+    clears the closed segment's alerts (R8.2)."""
     created = []
     for notification in Notification.objects.filter(segment=segment, resolved_at__isnull=True):
-        changed = Notification.objects.filter(id=notification.id, resolved_at__isnull=True).update(
-            resolved_at=now
-        )
-        if not changed:
-            continue
-        notification.resolved_at = now
-        _stop_escalations(notification, "resolved by a boundary before this escalation", now)
-        created += _create(notification, _heard(notification), RESOLVE, now)
+        created += notification_resolved(notification, now, "resolved by a boundary")
     return created
 
 
@@ -289,7 +303,10 @@ def claim_delivery(delivery_id: int, now: datetime) -> NotificationDelivery | No
         if changed != 1:
             return None  # another worker got there first, or it is not due
         delivery = NotificationDelivery.objects.select_related(
-            "notification", "notification__segment", "notification__acked_by"
+            "notification",
+            "notification__segment",
+            "notification__acked_by",
+            "notification__incident",
         ).get(id=delivery_id)
         delivery.channel = channel
         notification = delivery.notification
@@ -403,9 +420,11 @@ def escalate_due(now: datetime) -> list[int]:
     quiet_long_enough = Q(last_escalated_at__lte=cutoff) | Q(
         last_escalated_at__isnull=True, created_at__lte=cutoff
     )
+    # An incident escalates through its lead notification only: one page per
+    # escalation, however many alerts joined it.
     open_critical = Notification.objects.filter(
         severity=Notification.Severity.CRITICAL, acked_at__isnull=True, resolved_at__isnull=True
-    )
+    ).filter(Q(incident__isnull=True) | Q(leads_incident=True))
     candidates = list(
         open_critical.filter(quiet_long_enough).values_list("id", "escalation_level")[:500]
     )
@@ -422,57 +441,19 @@ def escalate_due(now: datetime) -> list[int]:
             if changed != 1:
                 continue  # acknowledged meanwhile, or another beat got there first
             escalated.append(notification_id)
-            all_tiers = tiers()
-            if not all_tiers:
-                continue
             notification = Notification.objects.select_related("segment").get(id=notification_id)
-            tier = all_tiers[min(level + 1, len(all_tiers) - 1)]
-            _create(notification, tier, f"{ESCALATE}{level + 1}", now)
+            if notification.incident_id is not None:
+                IncidentStep.objects.create(
+                    incident_id=notification.incident_id,
+                    kind=IncidentStep.Kind.ESCALATED,
+                    at=now,
+                    actor="system",
+                    notification=notification,
+                    escalation_level=level + 1,
+                )
+            all_tiers = tiers()
+            tier = escalation_tier(level + 1, len(all_tiers))
+            if tier is None:
+                continue
+            _create(notification, all_tiers[tier], f"{ESCALATE}{level + 1}", now)
     return escalated
-
-
-def emit_notice(notice, segment: Segment | None) -> tuple[Notification, bool]:
-    """R3.6: the same dedupe key is never emitted twice (a repeat is a no-op)."""
-    try:
-        with transaction.atomic():
-            notification = Notification.objects.create(
-                dedupe_key=notice.dedupe_key,
-                severity=notice.severity,
-                text=notice.text,
-                segment=segment,
-                provider_ids=list(notice.provider_ids),
-                reprobes=notice.reprobes,
-                created_at=notice.created_at,
-            )
-            notification_created(notification)  # outbox rows (R8.2)
-            return notification, True
-    except IntegrityError:
-        return Notification.objects.get(dedupe_key=notice.dedupe_key), False
-
-
-def acknowledge_notification(
-    notification_id: int, *, user, now: datetime
-) -> tuple[Notification, bool]:
-    """R8.2: a named person acknowledges an alert, once (a claim by conditional update).
-
-    Returns (notification, changed). A second acknowledgement changes nothing
-    and keeps the first person and time ("another on-call got there first").
-    """
-    changed = Notification.objects.filter(id=notification_id, acked_at__isnull=True).update(
-        acked_by=user, acked_at=now
-    )
-    notification = Notification.objects.select_related("acked_by", "segment").get(
-        id=notification_id
-    )
-    if changed:
-        audit(
-            actor=user.get_username(),
-            action="alert.acknowledge",
-            target_type="notification",
-            target_id=str(notification.id),
-            reason="",
-            detail={"dedupe_key": notification.dedupe_key, "severity": notification.severity},
-            now=now,
-        )
-        notification_acknowledged(notification, now)  # stops escalation
-    return notification, bool(changed)

@@ -37,8 +37,8 @@ from governance.rules.refusal import refused_at_datetime as refusal_datetime
 from governance.rules.routing import TurnOutcome
 from governance.rules.turns import TurnCall
 from governance.services import statements as sql
-from governance.services.alerts import emit_notice
 from governance.services.events import new_event
+from governance.services.incidents import emit_notice
 
 
 def reprobe_delays() -> tuple[timedelta, ...]:

@@ -57,7 +57,6 @@ from governance.rules.turns import StageConclusion
 from governance.services import budget as budget_service
 from governance.services import callbacks
 from governance.services import statements as sql
-from governance.services.alerts import emit_notice
 from governance.services.broker import publish, queued_stage_ids
 from governance.services.budget import budget_view
 from governance.services.claims import holder_gone, lease
@@ -68,6 +67,7 @@ from governance.services.health import (
     provider_health,
     providers_with_health,
 )
+from governance.services.incidents import emit_notice
 from governance.services.receipts import close_receipt_by_key
 from governance.services.refusals import (
     attempt_rows,

@@ -20,9 +20,8 @@ from governance.models import (
     ThreadSession,
 )
 from governance.rules import segments as segment_rules
-from governance.services import alerts as services_alerts
+from governance.services import incidents, tool_servers
 from governance.services import statements as sql
-from governance.services import tool_servers
 from governance.services.audit import audit
 from governance.services.errors import BoundaryConflict, ServiceError
 from governance.services.outbound import require_outbound_url
@@ -206,7 +205,10 @@ def apply_boundary(
             closed_at=now, closed_kind=kind.value, closed_by=by, close_reason=reason.strip()
         )
         opened = _open_segment(thread, session, transition.opened.segment_no, new_config, now)
-        services_alerts.segment_closed(current, now)  # the boundary resolves its alerts (R8.2)
+        # The boundary clears the segment's trouble: its incident and alerts resolve (R8.2).
+        incidents.segment_trouble_cleared(
+            current, kind=kind.value, by=by, reason=reason.strip(), now=now
+        )
         Segment.objects.filter(pk=current.pk).update(next_segment=opened)
         Thread.objects.filter(pk=thread.pk).update(
             model=new_config.model,

@@ -5,9 +5,11 @@ Screenshots go to test-output/browser/<test name>/ so a person can look at them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,44 @@ def page_for(browser, live_server):
     yield login
     for context in contexts:
         context.close()
+
+
+# axe-core from npm, fetched once into .cache/ (not in git) and injected by the tests.
+AXE_VERSION = "4.14.1"
+AXE_FOLDER = REPO_ROOT / ".cache" / f"axe-core-{AXE_VERSION}"
+# The impacts a page must not have (axe's four: minor, moderate, serious, critical).
+AXE_BLOCKING = ("serious", "critical")
+
+
+@pytest.fixture(scope="session")
+def axe_source() -> str:
+    script = AXE_FOLDER / "node_modules" / "axe-core" / "axe.min.js"
+    AXE_FOLDER.mkdir(parents=True, exist_ok=True)
+    with open(AXE_FOLDER / ".lock", "w") as lock:  # two test processes, one download
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not script.is_file():
+            assert shutil.which("npm"), "npm is needed for axe-core: apt-get install npm"
+            subprocess.run(
+                ["npm", "install", "--no-save", "--no-audit", "--no-fund", "--prefix",
+                 str(AXE_FOLDER), f"axe-core@{AXE_VERSION}"],
+                check=True, timeout=300, capture_output=True,
+            )  # fmt: skip
+    return script.read_text()
+
+
+def axe_problems(page, axe_source: str) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now
+    (evaluated through the DevTools protocol: the page's CSP does not apply)."""
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.evaluate(axe_source)
+    found = page.evaluate(
+        """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
+            .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                        nodes: v.nodes.slice(0, 3).map(n => n.target.join(" "))}))"""
+    )
+    return [
+        f"{page.url} [{page.viewport_size['width']}px] {v['impact']} {v['id']}: {v['help']}"
+        f" — {', '.join(v['nodes'])}"
+        for v in found
+        if v["impact"] in AXE_BLOCKING
+    ]

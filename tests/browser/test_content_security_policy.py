@@ -128,16 +128,24 @@ def test_every_page_and_fragment_passes_the_content_security_policy(
     page, problems = watched()
     log_in(page, base, admin.username, shots)
 
-    # Overview: acknowledge a critical alert; the board refreshes itself.
+    # Overview: acknowledge an incident; the board refreshes itself.
     visit(page, f"{base}/")
     board = page.locator("#board")
-    rows = board.locator("tr[id^=overview-alert-]")
-    assert rows.count() >= 2, "the demo leaves critical alerts unacknowledged"
+    rows = board.locator("li[id^=overview-incident-]")
+    assert rows.count() >= 2, "the demo leaves incidents needing a person"
     shots(page, "overview")
     first_row = rows.first.get_attribute("id")
-    rows.first.get_by_role("button", name="Acknowledge").click()
+    rows.first.get_by_role("button", name=re.compile("Acknowledge incident")).click()
     page.locator(f"#{first_row}").wait_for(state="detached")
     shots(page, "overview-after-ack")
+
+    # Incidents: the list, one incident acknowledged with a note (the fragment swaps).
+    visit(page, f"{base}/incidents/")
+    page.locator("#incident-list article.triggered a").first.click()
+    page.get_by_label("Note").fill("looking into it")
+    page.get_by_role("button", name=re.compile("Acknowledge incident")).click()
+    page.get_by_text("Acknowledged by you").wait_for()
+    shots(page, "incident")
 
     # Alerts: a filter change swaps the inbox; acknowledging swaps the row.
     visit(page, f"{base}/alerts/")
@@ -285,8 +293,13 @@ def test_the_run_page_poll_waits_while_a_details_is_open(watched, admin, shots, 
     page, problems = watched()
     log_in(page, base, admin.username, shots)
     polls: list[str] = []
-    page.on("request", lambda r: polls.append(r.url) if r.headers.get("hx-request") else None)
-    visit(page, f"{base}/runs/{run.id}/")
+    run_url = f"{base}/runs/{run.id}/"
+    # The run's own poll (the nav's incident count polls on its own clock).
+    page.on(
+        "request",
+        lambda r: polls.append(r.url) if r.headers.get("hx-request") and r.url == run_url else None,
+    )
+    visit(page, run_url)
     page.wait_for_timeout(5_600)
     assert len(polls) == 1  # polled once while everything was closed
     page.locator("details.ledger summary").click()

@@ -46,16 +46,17 @@ def test_r8_2_on_call_acknowledges_the_critical_alert_without_a_reload(
     page = page_for(oncall.username)
     page.evaluate("window.__noReload = true")
     board = page.locator("#board")
-    board.get_by_text("1 unacknowledged").wait_for()
+    board.get_by_text("Incidents needing a person: 1").wait_for()
     assert segment.key in board.inner_text()
     shots(page, "1-overview-with-alert")
-    board.get_by_role("button", name="Acknowledge").click()
-    page.get_by_text("No unacknowledged critical alerts").wait_for()
+    board.get_by_role("button", name=f"Acknowledge incident #{alert.incident_id}").click()
+    page.get_by_text("Nothing needs a person").wait_for()
     assert page.evaluate("window.__noReload") is True  # the same page, updated in place
     shots(page, "2-overview-after-ack")
     alert.refresh_from_db()
     assert alert.acked_by == oncall and alert.acked_at is not None
     assert AuditEntry.objects.filter(action="alert.acknowledge", actor=oncall.username).exists()
+    assert AuditEntry.objects.filter(action="incident.acknowledge", actor=oncall.username).exists()
 
 
 def test_r8_3_operator_forces_a_fresh_start_and_sees_every_provider_eligible(

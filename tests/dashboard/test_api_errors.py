@@ -59,6 +59,10 @@ ENDPOINTS = {
     "api-run-acks": ("POST", True, True),
     "api-notifications": ("GET", False, True),
     "api-notification-ack": ("POST", False, True),
+    "api-incidents": ("GET", False, True),
+    "api-incident": ("GET", False, True),
+    "api-incident-ack": ("POST", True, True),
+    "api-incident-resolve": ("POST", True, True),
     "api-providers": ("GET, POST", True, True),
     "api-provider": ("GET, PATCH", True, True),
     "api-routes": ("GET, POST", True, True),
@@ -122,6 +126,7 @@ def user(django_user_model):
                 "cancel_run",
                 "change_provider",
                 "change_toolserver",
+                "acknowledge_notification",
             ]
         )
     )
@@ -153,6 +158,7 @@ def api_urls(thread, run) -> dict[str, str]:
         "thread_id": str(thread.id),
         "run_id": str(run.id),
         "notification_id": "1",
+        "incident_id": "1",
         "provider_id": "p",
         "name": "files",
         "segment_key": quote(services.open_segment(thread).key, safe=""),
@@ -611,7 +617,7 @@ def test_a_page_500_with_debug_1_shows_no_connection_string(
     make_user("page-viewer")
     browser = Client(raise_request_exception=False)
     browser.login(username="page-viewer", password="pw-for-tests-1")
-    monkeypatch.setattr(overview, "critical_unacknowledged", _leaky_boom)
+    monkeypatch.setattr(overview, "incidents_needing_a_person", _leaky_boom)
     response = browser.get("/", DATABASE_URL=SECRET_DB, REDIS_URL=SECRET_REDIS)
     html = response.content.decode()
     assert response.status_code == 500 and "Traceback" in html  # Django's technical page

@@ -69,6 +69,14 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert runs.count() >= 20
     assert not runs.exclude(status=Run.Status.SETTLED).exists()
 
+    # Someone is paged: the demo's channel goes to the web's own demo pager (R8.2),
+    # and the demo's frozen segments are incidents needing a person.
+    from governance.models import AlertChannel, Incident
+
+    pager = AlertChannel.objects.get(name="demo pager (local sink)")
+    assert pager.enabled and pager.target.endswith("/demo/pager")
+    assert Incident.objects.filter(state="triggered").exists()
+
     # Produced by the engine: attempts, stages, fallback cards, spans.
     assert ProviderAttempt.objects.filter(kind="fallback").exists()
     assert RunEvent.objects.filter(kind="llm-fallback").count() >= 5
@@ -220,9 +228,8 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert "demo data already present" in again
     assert (Thread.objects.count(), Run.objects.count(), Notification.objects.count()) == counts
 
-
-def test_demo_force_adds_another_round(var_dir):
-    demo()
+    # --force adds another round (here rather than in a test of its own: a round
+    # takes a while to seed).
     threads, runs = Thread.objects.count(), Run.objects.count()
     passwords = {p.name: p.read_text() for p in var_dir.glob("demo-*-password")}
     output = demo("--force")

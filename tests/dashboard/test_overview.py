@@ -40,22 +40,35 @@ def frozen_world():
     return segment, Notification.objects.get(dedupe_key=notice.dedupe_key)
 
 
-def test_r8_2_critical_alert_first_with_one_click_ack_for_on_call(client, oncall, frozen_world):
+def test_r8_2_the_incident_comes_first_with_one_click_ack_for_on_call(client, oncall, frozen_world):
     segment, alert = frozen_world
     client.force_login(oncall)
     body = client.get(reverse("overview")).content.decode()
-    assert body.index("Critical alerts needing a person") < body.index("Segments with a frozen")
-    assert "1 unacknowledged" in body
-    assert reverse("alert-ack", args=[alert.id]) in body
+    assert body.index("Incidents needing a person") < body.index("Segments with a frozen")
+    assert '<span class="state critical">1</span>' in body
+    assert reverse("incident-ack", args=[alert.incident_id]) in body
+    assert f"Acknowledge incident #{alert.incident_id}</button>" in body
     assert reverse("segment", args=[segment.id]) in body
+    # The count is in the tab title and the nav on every page.
+    assert "<title>(1) Overview" in body
+    assert 'id="nav-incidents" class="nav-count needing" data-needing="1"' in body
 
 
-def test_r8_2_manager_sees_the_alert_but_no_acknowledge_button(client, manager, frozen_world):
+def test_r8_2_manager_sees_the_incident_but_no_acknowledge_button(client, manager, frozen_world):
     _segment, alert = frozen_world
     client.force_login(manager)
     body = client.get(reverse("overview")).content.decode()
-    assert alert.text[:40] in body
-    assert reverse("alert-ack", args=[alert.id]) not in body
+    assert f"Incident #{alert.incident_id}" in body
+    assert reverse("incident-ack", args=[alert.incident_id]) not in body
+
+
+def test_r8_2_the_overview_says_plainly_when_nobody_is_paged(client, oncall, frozen_world):
+    from governance.models import AlertChannel
+
+    client.force_login(oncall)
+    assert "nobody is paged" in client.get(reverse("overview")).content.decode()
+    AlertChannel.objects.create(name="pager", kind="webhook", target="https://pager.example/h")
+    assert "nobody is paged" not in client.get(reverse("overview")).content.decode()
 
 
 def test_r8_1_frozen_and_cooling_providers_in_words_and_numbers(client, oncall, frozen_world):
@@ -66,12 +79,26 @@ def test_r8_1_frozen_and_cooling_providers_in_words_and_numbers(client, oncall, 
     assert "(refusals 2 of 4)" in body
 
 
-def test_r8_1_acknowledged_alerts_leave_the_overview(client, oncall, frozen_world):
-    _segment, alert = frozen_world
+def test_r8_2_acknowledged_or_resolved_incidents_leave_the_overview(
+    client, oncall, operator, frozen_world
+):
+    segment, alert = frozen_world
     services.acknowledge_notification(alert.id, user=oncall, now=time_source.now())
     client.force_login(oncall)
     body = client.get(reverse("overview"), headers={"HX-Request": "true"}).content.decode()
-    assert "No unacknowledged critical alerts" in body
+    assert "Nothing needs a person" in body
+    # A boundary resolves it: still nothing, and the incident says which boundary and who.
+    services.apply_boundary(
+        segment.thread, "fresh_start", by=operator.username, reason="drop it",
+        now=time_source.now(),
+    )  # fmt: skip
+    body = client.get(reverse("overview")).content.decode()
+    assert "Nothing needs a person" in body and "<title>Overview" in body
+    alert.incident.refresh_from_db()
+    assert alert.incident.state == "resolved"
+    assert (alert.incident.resolved_how, alert.incident.resolved_by) == (
+        "by a fresh start", operator.username,
+    )  # fmt: skip
 
 
 def test_r2_2_provider_board_shows_an_open_breaker(client, oncall, frozen_world):
@@ -127,7 +154,7 @@ def test_overview_query_count_is_bounded(
 def test_overview_with_an_empty_database_says_what_to_do(client, oncall):
     client.force_login(oncall)
     body = client.get(reverse("overview")).content.decode()
-    assert "No unacknowledged critical alerts" in body
+    assert "Nothing needs a person" in body
     assert "No providers configured yet" in body
     assert "No stage finished in the last hour" in body
 

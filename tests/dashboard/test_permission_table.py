@@ -22,6 +22,7 @@ from governance.models import (
     ApiToken,
     AuditEntry,
     BodyChunk,
+    Incident,
     Notification,
     Provider,
     Route,
@@ -186,6 +187,8 @@ API_WRITES = {
     "ack own run's chunks": lambda actor: "ok" if as_owner(actor, "submit_run") else 403,
     "ack someone's run's chunks": someones_run(None),
     "ack notification": needs("acknowledge_notification"),
+    "ack incident": needs("acknowledge_notification"),
+    "resolve incident": needs("acknowledge_notification"),
     "add provider": needs("change_provider"),
     "change provider": needs("change_provider"),
     "add route": needs("change_provider"),
@@ -195,6 +198,8 @@ API_WRITES = {
 }
 PAGE_WRITES = {
     "ack alert": needs("acknowledge_notification"),
+    "ack incident": needs("acknowledge_notification"),
+    "resolve incident": needs("acknowledge_notification"),
     "force boundary": needs("apply_boundary"),
     "stop own run": lambda actor: "ok",
     "stop someone's run": someones_run("cancel_run"),
@@ -220,6 +225,7 @@ class World:
     their_thread: Thread  # someone else's
     their_run: Run
     notification: Notification
+    incident: Incident
 
 
 def make_actor(django_user_model, actor: str):
@@ -257,11 +263,13 @@ def make_world(user, someone) -> World:
         run, _stage, _ = services.submit_run(thread, input="hi", user=owner, now=now)
         services.commit_chunks(run, ["a"], now)
         made += [thread, run]
+    segment = services.open_segment(made[0])
+    incident = Incident.objects.create(key="incident:table:1", segment=segment, opened_at=now)
     notification = Notification.objects.create(
-        dedupe_key="n-1", severity="critical", text="frozen",
-        segment=services.open_segment(made[0]), created_at=now,
+        dedupe_key="n-1", severity="critical", text="frozen", segment=segment, created_at=now,
+        incident=incident, leads_incident=True,
     )  # fmt: skip
-    return World(*made, notification)
+    return World(*made, notification, incident)
 
 
 def written() -> tuple:
@@ -276,6 +284,7 @@ def written() -> tuple:
         sorted(Route.objects.values_list("name", "enabled", "updated_at")),
         sorted(ToolServer.objects.values_list("name", "enabled")),
         list(Notification.objects.values_list("acked_at", flat=True)),
+        list(Incident.objects.values_list("state", flat=True)),
         sorted(Run.objects.values_list("id", "cancel_requested_at")),
         sorted(BodyChunk.objects.values_list("id", "observed_at")),
     )
@@ -308,6 +317,8 @@ def api_calls(world: World) -> dict[str, tuple[str, str, dict | None]]:
         "ack own run's chunks": ("POST", f"/api/v1/runs/{r}/acks", {"through": 1}),
         "ack someone's run's chunks": ("POST", f"/api/v1/runs/{their_r}/acks", {"through": 1}),
         "ack notification": ("POST", f"/api/v1/notifications/{world.notification.id}/ack", None),
+        "ack incident": ("POST", f"/api/v1/incidents/{world.incident.id}/ack", {"note": "n"}),
+        "resolve incident": ("POST", f"/api/v1/incidents/{world.incident.id}/resolve", {}),
         "add provider": (
             "POST", "/api/v1/providers",
             {"provider_id": "p2", "kind": "scripted", "model": "m", "script": {}},
@@ -336,6 +347,8 @@ def page_request(client, world: World, action: str):
     segment = services.open_segment(world.thread)
     calls = {
         "ack alert": (f"/alerts/{world.notification.id}/ack", {}),
+        "ack incident": (f"/incidents/{world.incident.id}/ack", {"note": "n"}),
+        "resolve incident": (f"/incidents/{world.incident.id}/resolve", {}),
         "force boundary": (
             f"/segments/{segment.id}/boundary",
             {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-page"},
@@ -380,7 +393,8 @@ def test_every_write_of_the_api_and_the_door_is_a_row_of_the_table():
     """The OpenAI door's included: a new write endpoint cannot miss the table."""
     ids = {name: SimpleNamespace(id=uuid.uuid4()) for name in ("thread", "run", "their_thread")}
     fake = SimpleNamespace(**ids, their_run=SimpleNamespace(id=uuid.uuid4()),
-                           notification=SimpleNamespace(id=1))  # fmt: skip
+                           notification=SimpleNamespace(id=1),
+                           incident=SimpleNamespace(id=1))  # fmt: skip
     rows = {(method, resolve(path).func) for method, path, _body in api_calls(fake).values()}
     assert set(api_calls(fake)) == set(API_WRITES)
     missing = [

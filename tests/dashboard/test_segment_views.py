@@ -107,7 +107,10 @@ def full_turn(thread, segment, at=T0):
             result=result,
             refusal_category="content_filter" if result == "refused" else "",
         )
-    refusal = ProviderRefusal("alpha", "alpha-large", "content_filter", 1, at)
+    # The segment refusal is the last request's (the re-probe): the notice carries its time.
+    refusal = ProviderRefusal(
+        "alpha", "alpha-large", "content_filter", 1, at + timedelta(seconds=5)
+    )
     RunEvent.objects.create(
         run=run,
         segment=segment,
@@ -265,7 +268,7 @@ def test_list_query_count_does_not_grow_with_segments(
         refuse(segment, "beta", 2, T0 - timedelta(minutes=1))
     client = login(client, oncall)
     client.get(reverse("segments"))  # warm the session
-    with django_assert_max_num_queries(9):
+    with django_assert_max_num_queries(10):  # one of them: the nav's incident count
         response = client.get(reverse("segments"), params)
     assert html(response).count('<tr class="worst-') == 25
 
@@ -371,9 +374,9 @@ def test_segment_timeline_pages_without_losing_same_instant_rows(
         body = html(fragment)
         assert "<html" not in body
     assert pages >= 2
-    # Newest first, each row exactly once; the card and the notification share an
-    # instant, and so do the first attempt and the queued stage.
-    assert seen == ["notification", "fallback", *["attempt"] * 6, "stage", "opened"]
+    # Newest first, each row exactly once; the notification shares the instant of the
+    # refusal it reports (the re-probe), and so do the first attempt and the queued stage.
+    assert seen == ["fallback", "notification", *["attempt"] * 6, "stage", "opened"]
 
 
 def test_segment_timeline_reads_one_page_per_source_without_asking_again(thread_with_states):
@@ -387,12 +390,13 @@ def test_segment_timeline_reads_one_page_per_source_without_asking_again(thread_
         full_turn(thread, segment, at=T0 + timedelta(minutes=n))
     with CaptureQueriesContext(connection) as ctx:
         timeline = queries.segment_timeline(segment, before=None, limit=50)
-    assert len(ctx.captured_queries) == 5
+    # One more: the fallback cards that number the re-probes shown (R8.1).
+    assert len(ctx.captured_queries) == 5 + 1
     assert timeline.older is not None
     assert 50 <= len(timeline.items) <= 60
     with CaptureQueriesContext(connection) as ctx:
         rest = queries.segment_timeline(segment, before=timeline.older, limit=50)
-    assert len(ctx.captured_queries) == 5
+    assert len(ctx.captured_queries) == 5 + 1
     assert rest.older is None and rest.items[-1].kind == "opened"
     shown = [(i.kind, i.id, i.label) for i in timeline.items + rest.items if i.kind != "opened"]
     stages = Stage.objects.filter(run__segment=segment)
@@ -467,8 +471,10 @@ def test_segment_page_query_count_is_bounded(
     client.get(reverse("segment", args=[segment.id]))
     # Bounded whatever the segment's size: a fixed set of sources, each one page, asked
     # once (19 before, when every source was asked again about the oldest
-    # instant shown and about older rows); one more for the API tokens that ran on the thread.
-    with django_assert_max_num_queries(14):
+    # instant shown and about older rows); one more for the API tokens that ran on the
+    # thread, one for the nav's count of incidents needing a person, one for the cards
+    # that number the re-probes shown.
+    with django_assert_max_num_queries(16):
         response = client.get(reverse("segment", args=[segment.id]))
     body = html(response)
     assert "Show older" in body
@@ -818,3 +824,28 @@ def test_r3_4_a_card_entry_without_its_state_is_read_by_the_rule():
     ]
     states = [e["state"] for e in card_view({"refusal": entries})["refusal"]]
     assert states == ["cooling", "frozen"]
+
+
+def test_r8_1_each_reprobe_is_numbered_with_its_planned_and_actual_time(
+    client, oncall, thread_with_states
+):
+    """The timeline says "re-probe 1 of 3 · planned 12:15, sent 12:17 (+2 min)", so a
+    person can check the schedule (15 min, 1 h, 6 h) without hovering."""
+    thread, segment = thread_with_states
+    run, stage, _ = services.submit_run(thread, input="again", now=T0)
+    gamma = Provider.objects.get(provider_id="gamma")
+    refusal = ProviderRefusal("gamma", "gamma-m", "content_filter", 1, T0)
+    RunEvent.objects.create(
+        run=run, segment=segment, stage=stage, kind="llm-fallback", at=T0,
+        metadata=fallback_card([], [refusal], "beta", T0),
+    )  # fmt: skip
+    sent = T0 + timedelta(minutes=17)
+    ProviderAttempt.objects.create(
+        run=run, stage=stage, segment=segment, provider=gamma, model="gamma-m",
+        kind="re_probe", request_digest="probe-1", started_at=sent, result="refused",
+    )  # fmt: skip
+    body = html(login(client, oncall).get(reverse("segment", args=[segment.id])))
+    entry = body.split("re-probe 1 of 3", 1)[1].split("</li>", 1)[0]
+    assert 'planned</span> <time datetime="2025-03-04T12:15:00+00:00"' in entry
+    assert 'sent</span> <time datetime="2025-03-04T12:17:00+00:00"' in entry
+    assert "(+2 min)" in entry

@@ -9,13 +9,10 @@ PagerDuty hears trigger → acknowledge → resolve under one dedup_key.
 
 from __future__ import annotations
 
-import json
 import socketserver
 import threading
 import time
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
@@ -33,67 +30,13 @@ from governance.models import (
 from governance.rules.refusal import ProviderRefusal, refusal_notice
 from governance.services import alerts as services_alerts
 from tasks import alerts
+from tests.receivers import Receiver
 
 State = NotificationDelivery.State
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------- loopback server
-
-
-class Receiver:
-    """A real HTTP server on 127.0.0.1 that records every request it receives.
-
-    ``script[path]`` is a list of status codes answered in order (then 200);
-    ``delay`` holds each answer back to widen race windows."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.script: dict[str, list[int]] = defaultdict(list)
-        self.delay = 0.0
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                with receiver._lock:
-                    receiver.requests.append(
-                        {
-                            "path": self.path,
-                            "headers": dict(self.headers),
-                            "body": json.loads(raw or b"null"),
-                        }
-                    )
-                    queue = receiver.script[self.path]
-                    status = queue.pop(0) if queue else 200
-                if receiver.delay:
-                    time.sleep(receiver.delay)
-                payload = b'{"status":"ok"}' if status < 400 else b'{"error":"scripted"}'
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-    def at(self, path: str) -> list[dict]:
-        with self._lock:
-            return [r for r in self.requests if r["path"] == path]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -511,7 +454,10 @@ def test_r8_2_pagerduty_trigger_acknowledge_resolve_with_a_stable_dedup_key(
 
     sent = [r["body"] for r in receiver.at("/v2/enqueue")]
     assert [b["event_action"] for b in sent] == ["trigger", "acknowledge", "resolve"]
-    assert {b["dedup_key"] for b in sent} == {critical.dedupe_key}
+    # PagerDuty groups by the incident: the segment's alerts are one page (R8.2).
+    critical.refresh_from_db()
+    assert {b["dedup_key"] for b in sent} == {critical.incident.key} == {f"incident:{seg.key}:1"}
+    assert sent[0]["payload"]["custom_details"]["alert"] == critical.dedupe_key
     assert all(b["routing_key"] == "r0uting-key-123" for b in sent)
     payload = sent[0]["payload"]
     assert payload["severity"] == "critical" and payload["summary"] == critical.text[:1024]

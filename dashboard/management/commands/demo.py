@@ -54,10 +54,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import connection
+from django.urls import reverse
 
 from dashboard.site.private_files import make_private_file, make_private_folder
 from governance import services, time_source
 from governance.models import (
+    AlertChannel,
     KnowledgeDocument,
     Notification,
     Provider,
@@ -71,6 +73,7 @@ from governance.models import (
 from governance.roles import ensure_roles
 
 TITLE_PREFIX = "demo:"
+DEMO_PAGER_CHANNEL = "demo pager (local sink)"
 SCENARIO_HOURS = 9
 
 # (username, group): passwords are random per machine and kept in var/.
@@ -892,6 +895,15 @@ class Command(BaseCommand):
         for title, body, tags in KB_DOCUMENTS:
             KnowledgeDocument.objects.update_or_create(
                 title=title, defaults={"body": body, "tags": tags}
+            )
+        if settings.GOVERNANCE_DEMO_PAGER:
+            # A page goes out on a fresh `make run`: to the web's own demo pager.
+            AlertChannel.objects.get_or_create(
+                name=DEMO_PAGER_CHANNEL,
+                defaults={
+                    "kind": AlertChannel.Kind.WEBHOOK,
+                    "target": settings.GOVERNANCE_DASHBOARD_URL.rstrip("/") + reverse("demo-pager"),
+                },
             )
         real_now = datetime.now(UTC).replace(microsecond=0)
         start = real_now - timedelta(hours=SCENARIO_HOURS)
