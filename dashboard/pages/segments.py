@@ -153,10 +153,30 @@ def _parse_before(value: str | None) -> tuple[datetime | None, bool]:
     return moment, True
 
 
+def _providers_context(segment) -> dict:
+    """What the providers' card shows: each provider's state in the segment (R8.1)."""
+    now = time_source.now()
+    delays = services.reprobe_delays()
+    models, choices = queries.provider_models_and_schedules()
+    states = queries.provider_states(
+        segment, segment.thread.provider_chain, models, now, delays, choices=choices
+    )
+    return {
+        "segment": segment,
+        "states": states,
+        "worst": queries.worst_state(states),
+        "rule": _rule(delays),
+        "previous": queries.previous_of(segment),
+    }
+
+
 @login_required
 @permissions.requires(GET=None)
 def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     segment = queries.segment_for_page(segment_id)
+    if request.htmx and request.GET.get("fragment") == "providers":
+        # Polled while the segment is open: the page keeps its providers' states current.
+        return render(request, "segments/detail.html#providers", _providers_context(segment))
     before, readable = _parse_before(request.GET.get("before"))
     timeline = queries.segment_timeline(segment, before=before, limit=TIMELINE_PAGE)
     segment_html.add_entries(timeline.items)
@@ -169,19 +189,10 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     if request.htmx and before is not None:
         # "Show older": only the next stretch of the timeline.
         return render(request, "segments/detail.html#timeline-page", context)
-    now = time_source.now()
-    delays = services.reprobe_delays()
-    models, choices = queries.provider_models_and_schedules()
-    states = queries.provider_states(
-        segment, segment.thread.provider_chain, models, now, delays, choices=choices
-    )
+    context.update(_providers_context(segment))
+    previous = context["previous"]
     can_act = segment.closed_at is None and request.user.has_perm(PERMISSION)
-    previous = queries.previous_of(segment)
     context.update(
-        states=states,
-        worst=queries.worst_state(states),
-        rule=_rule(delays),
-        previous=previous,
         previous_words=queries.boundary_words(previous.closed_kind if previous else ""),
         open_segment=queries.open_segment_of(segment),
         can_act=can_act,

@@ -286,7 +286,7 @@ def test_segment_page_header_and_provider_table(client, oncall, thread_with_stat
     assert "<dt>Mode</dt><dd>default</dd>" in body
     assert f"A provider that refuses this segment's content is {RULE_TEXT}." in body
     assert "(refusals 2 of 4)" in body and "(refusals 4 of 4)" in body
-    assert '<section class="card critical"' in body  # a frozen provider makes it critical
+    assert '<section id="segment-providers" class="card critical"' in body  # frozen: critical
     assert '<span class="state eligible">eligible</span>' in body
 
 
@@ -849,3 +849,21 @@ def test_r8_1_each_reprobe_is_numbered_with_its_planned_and_actual_time(
     assert 'planned</span> <time datetime="2025-03-04T12:15:00+00:00"' in entry
     assert 'sent</span> <time datetime="2025-03-04T12:17:00+00:00"' in entry
     assert "(+2 min)" in entry
+
+
+def test_r8_1_an_open_segments_provider_states_refresh_themselves(
+    client, oncall, operator, thread_with_states
+):
+    thread, segment = thread_with_states
+    client = login(client, oncall)
+    url = reverse("segment", args=[segment.id])
+    page = html(client.get(url))
+    assert f'hx-get="{url}?fragment=providers" hx-trigger="every 15s"' in page
+    fragment = html(client.get(url, {"fragment": "providers"}, headers=HTMX))
+    assert fragment.lstrip().startswith('<section id="segment-providers"')
+    assert '<span class="state frozen">' in fragment and "<html" not in fragment
+    services.apply_boundary(
+        thread, "fresh_start", by=operator.username, reason="r", now=time_source.now()
+    )
+    closed = html(client.get(url))  # a closed segment never changes: no polling
+    assert "?fragment=providers" not in closed
