@@ -10,6 +10,7 @@ themselves (htmx polling) so a new incident shows up without a reload.
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -65,12 +66,26 @@ def incidents(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _detail_context(incident_id: int, **extra) -> dict:
+EXCERPT_CHARS = 500
+
+
+def _excerpt(view, user) -> str | None:
+    """What was refused (the segment's latest run input), for operators only and
+    only where ``GOVERNANCE_INCIDENT_EXCERPT`` allows it: it is customer content."""
+    if not (settings.GOVERNANCE_INCIDENT_EXCERPT and view.runs):
+        return None
+    if not user.has_perm(permissions.APPLY_BOUNDARY):
+        return None
+    return view.runs[0].input[:EXCERPT_CHARS]
+
+
+def _detail_context(incident_id: int, user, **extra) -> dict:
     try:
         view = queries.detail(incident_id)
     except Incident.DoesNotExist:
         raise Http404("No such incident.") from None
     return {
+        "excerpt": _excerpt(view, user),
         "view": view,
         "incident": view.incident,
         "boundary_actions": BOUNDARY_ACTIONS_TEXT,
@@ -83,7 +98,7 @@ def _detail_context(incident_id: int, **extra) -> dict:
 @login_required
 @permissions.requires(GET=None)
 def incident(request: HttpRequest, incident_id: int) -> HttpResponse:
-    context = _detail_context(incident_id)
+    context = _detail_context(incident_id, request.user)
     template = "incidents/detail.html#incident" if _fragment(request) else "incidents/detail.html"
     response = render(request, template, context)
     patch_vary_headers(response, ("HX-Request",))
@@ -93,7 +108,7 @@ def incident(request: HttpRequest, incident_id: int) -> HttpResponse:
 def _act(request: HttpRequest, incident_id: int, action, done: str, already: str) -> HttpResponse:
     form = NoteForm(request.POST)
     if not form.is_valid():
-        context = _detail_context(incident_id, note_form=form)
+        context = _detail_context(incident_id, request.user, note_form=form)
         template = "incidents/detail.html#incident" if request.htmx else "incidents/detail.html"
         return render(request, template, context, status=400)
     try:
@@ -104,7 +119,7 @@ def _act(request: HttpRequest, incident_id: int, action, done: str, already: str
         raise Http404("No such incident.") from None
     said = done if changed else already
     if request.htmx:
-        context = _detail_context(incident_id, said=said, said_changed=changed)
+        context = _detail_context(incident_id, request.user, said=said, said_changed=changed)
         response = render(request, "incidents/detail.html#incident", context)
         # The nav count and the Overview refresh themselves on this event.
         response["HX-Trigger"] = "alerts-changed"

@@ -420,6 +420,9 @@ GOVERNANCE_DASHBOARD_URL = env_str("GOVERNANCE_DASHBOARD_URL") or "http://localh
 # The demo's pager (dashboard/pages/demo_pager.py): POST /demo/pager answers 200 and
 # logs the page; `manage.py demo` points an alert channel at it. Off in production.
 GOVERNANCE_DEMO_PAGER = env_bool("GOVERNANCE_DEMO_PAGER", DEBUG)
+# An incident page shows operators (apply_boundary) an excerpt of the latest request
+# of the segment (the run's input): what was refused. Off by default in production.
+GOVERNANCE_INCIDENT_EXCERPT = env_bool("GOVERNANCE_INCIDENT_EXCERPT", DEBUG)
 
 # Secrets whose variable an admin names in the database (a provider's
 # api_key_env, a tool's token_env, a PagerDuty channel's routing_key_env) cannot

@@ -237,6 +237,11 @@ def test_r8_2_htmx_filter_gets_only_the_inbox_fragment(client, oncall, segment):
     assert body.lstrip().startswith('<section id="alert-inbox"')
     assert "<html" not in body and order_of(body) == [alert.pk]
     assert "HX-Request" in response["Vary"]
+    # The inbox refreshes itself with its filters: a new alert shows without a reload.
+    assert 'hx-get="/alerts/?severity=critical"' in body and 'hx-trigger="every 15s"' in body
+    newer = notify(segment, "critical", minutes_ago=1)
+    again = client.get(reverse("alerts"), {"severity": "critical"}, headers=HTMX)
+    assert order_of(again.content.decode()) == [newer.pk, alert.pk]
 
 
 def test_r8_2_pagination_25_per_page_keeps_filters_and_no_n_plus_1(

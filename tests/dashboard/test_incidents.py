@@ -367,3 +367,22 @@ def test_r8_2_the_incident_list_refreshes_itself_and_filters(client, clock, onca
     assert f"Incident #{alert.incident_id}" not in fragment
     bad = client.get(reverse("incidents"), {"state": "nonsense"})
     assert bad.status_code == 400 and f"Incident #{alert.incident_id}" in bad.content.decode()
+
+
+def test_r8_2_operators_may_see_an_excerpt_of_the_refused_request_where_allowed(
+    client, clock, settings, oncall, operator
+):
+    thread, segment = frozen_segment()
+    services.submit_run(thread, input="Summarise the leaked customer file " + "x" * 900, now=T0)
+    alert = freeze(segment, T0)
+    url = reverse("incident", args=[alert.incident_id])
+    settings.GOVERNANCE_INCIDENT_EXCERPT = True
+    client.force_login(operator)
+    page = client.get(url).content.decode()
+    assert "Refused request" in page and "Summarise the leaked customer file" in page
+    assert "x" * 465 + "…" in page and "x" * 466 not in page  # 500 characters, no more
+    client.force_login(oncall)  # not an operator: never the customer's words
+    assert "Summarise the leaked" not in client.get(url).content.decode()
+    settings.GOVERNANCE_INCIDENT_EXCERPT = False  # the production default
+    client.force_login(operator)
+    assert "Summarise the leaked" not in client.get(url).content.decode()
