@@ -277,6 +277,11 @@ class Waterfall:
     end: datetime
     total: str
     ticks: list[tuple[float, str]] = field(default_factory=list)
+    # R6.1's other clocks: no progress as a bar of its own (after the spans), the
+    # overall deadline as a marker (its place in percent when it falls on the chart).
+    clock_bars: list[Bar] = field(default_factory=list)
+    deadline_pct: float | None = None
+    deadline_words: str = ""
 
 
 @dataclass
@@ -536,10 +541,41 @@ def _waterfall(
     run: Run, stages: list[Stage], spans: list[SpanRecord], settlement, now: datetime
 ) -> Waterfall | None:
     if spans:
-        return _span_waterfall(run, stages, spans)
-    if stages:
-        return _stage_waterfall(run, stages, settlement, now)
-    return None
+        drawn = _span_waterfall(run, stages, spans)
+    elif stages:
+        drawn = _stage_waterfall(run, stages, settlement, now)
+    else:
+        return None
+    return _with_run_clocks(drawn, run, settlement, now)
+
+
+def _with_run_clocks(wf: Waterfall, run: Run, settlement, now: datetime) -> Waterfall:
+    """The run's other two clocks on the same axis (R6.1): no progress as a bar,
+    from the last progress to the run's end (or now), and the deadline as a marker."""
+    total = (wf.end - wf.origin).total_seconds()
+    stop = min(max(settlement.settled_at if settlement else now, run.last_progress_at), wf.end)
+    left, width = _place(run.last_progress_at, stop, wf.origin, total)
+    left = min(left, round(100.0 - width, 2))  # a sliver at the very end stays on the track
+    limit = duration_words(timedelta(seconds=run.no_progress_limit_s))
+    wf.clock_bars.append(
+        Bar(
+            label="no progress",
+            detail=f"since the last progress; the run is stopped after {limit}",
+            kind="no_progress",
+            left=left,
+            width=width,
+            duration=duration_words(stop - run.last_progress_at),
+            start=run.last_progress_at,
+        )
+    )
+    offset = (run.deadline_at - wf.origin).total_seconds()
+    after = duration_words(run.deadline_at - run.created_at)
+    if 0 <= offset <= total:
+        wf.deadline_pct = round(100.0 * offset / total, 2)
+        wf.deadline_words = f"deadline at +{after} (the red line)"
+    else:
+        wf.deadline_words = f"deadline at +{after}, after the chart's end"
+    return wf
 
 
 def _frame(origin: datetime, end: datetime) -> tuple[datetime, datetime, float]:

@@ -776,6 +776,7 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
         "alpha · original",
         "stage 2 · tool call · queued",
         "stage 2 · tool call · execution",
+        "no progress",  # R6.1's third clock, after the spans
     ]
     queued = {
         label: row for (kind, row), label in zip(rows, labels, strict=True) if kind == "queue"
@@ -830,3 +831,39 @@ def test_each_attempt_row_shows_its_cells_escaped(client, oncall, thread, provid
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in second and "<img" not in second
     assert "<td>a&amp;b&#x27;s</td>" in second and '<td class="num">400</td>' in second
     assert '<span class="state refused">refused</span>' in second and "<td>Re Render</td>" in second
+
+
+def test_r6_1_the_waterfall_draws_no_progress_as_a_bar_and_the_deadline_as_a_marker(
+    client, oncall, thread
+):
+    """All four clocks on one axis: queue and execution per stage, no progress
+    from the last progress to the end, the overall deadline as a red line."""
+    run, stage, _ = services.submit_run(thread, input="hi", now=T0, deadline_s=50)
+    Stage.objects.filter(id=stage.id).update(
+        started_at=T0 + timedelta(seconds=10), finished_at=T0 + timedelta(seconds=100)
+    )
+    Run.objects.filter(id=run.id).update(last_progress_at=T0 + timedelta(seconds=20))
+    written.settle(
+        run, Settlement("failed", "deadline_exceeded", "out of time"), T0 + timedelta(seconds=100)
+    )
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    rows = re.findall(r'<li class="wf-row wf-(\w+)[^"]*">(.*?)</li>', body, re.S)
+    kind, last = rows[-1]
+    assert kind == "no_progress" and "no progress" in last
+    assert 'x="20.0%" width="80.0%"' in last and "1 min 20 s" in last
+    # The deadline (+50 s of a 100 s chart) is a line at 50 % on every row.
+    assert all('class="wf-deadline" x1="50.0%"' in row for _kind, row in rows)
+    assert "deadline at +50.0 s (the red line)" in body
+
+
+def test_r6_1_a_deadline_after_the_chart_is_said_not_drawn(client, oncall, thread):
+    run, stage, _ = services.submit_run(thread, input="hi", now=T0, deadline_s=3600)
+    Stage.objects.filter(id=stage.id).update(
+        started_at=T0 + timedelta(seconds=1), finished_at=T0 + timedelta(seconds=2)
+    )
+    written.settle(run, Settlement("completed", "answered", "ok"), T0 + timedelta(seconds=2))
+    client.force_login(oncall)
+    body = body_of(client.get(run_url(run)))
+    assert "wf-deadline" not in body.split("<figcaption", 1)[0]
+    assert "deadline at +1 h 00 min, after the chart&#x27;s end" in body
