@@ -30,6 +30,7 @@ from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
 from governance.rules.segments import (
     OPERATOR_BOUNDARY_KINDS,
     BoundaryKind,
+    boundary_words,
     history_policy,
     starts_new_session,
 )
@@ -183,8 +184,8 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     context = {
         "segment": segment,
         "timeline": timeline,
-        "closed_words": queries.boundary_words(segment.closed_kind),
-        "opened_words": queries.boundary_words(segment.session.opened_by),
+        "closed_words": boundary_words(segment.closed_kind),
+        "opened_words": boundary_words(segment.session.opened_by),
     }
     if request.htmx and before is not None:
         # "Show older": only the next stretch of the timeline.
@@ -193,7 +194,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
     previous = context["previous"]
     can_act = segment.closed_at is None and request.user.has_perm(PERMISSION)
     context.update(
-        previous_words=queries.boundary_words(previous.closed_kind if previous else ""),
+        previous_words=boundary_words(previous.closed_kind if previous else ""),
         open_segment=queries.open_segment_of(segment),
         can_act=can_act,
         models=queries.switchable_models(segment) if can_act else [],
@@ -264,7 +265,7 @@ def _closed(request: HttpRequest, segment) -> HttpResponse:
         {
             "segment": segment,
             "open_segment": queries.open_segment_of(segment),
-            "closed_words": queries.boundary_words(segment.closed_kind),
+            "closed_words": boundary_words(segment.closed_kind),
         },
         status=409,
     )

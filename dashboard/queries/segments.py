@@ -306,20 +306,6 @@ def switchable_models(segment: Segment) -> list[str]:
 
 # Inside one instant the runner writes: stage queued → attempts → fallback card
 # → notification → stage finished. Newest first reverses that.
-BOUNDARY_WORDS = {
-    "compact": "compact",
-    "fresh_start": "fresh start",
-    "model_switch": "model switch",
-    "mode_change": "mode change",
-    "tool_surface_change": "tool-surface change",
-    "prompt_change": "prompt change",
-}
-
-
-def boundary_words(kind: str | None) -> str:
-    return BOUNDARY_WORDS.get(kind or "", (kind or "").replace("_", " "))
-
-
 ATTEMPT_WORDS = {
     "original": "original",
     "re_render": "re-render",

@@ -38,6 +38,21 @@ OPERATOR_BOUNDARY_KINDS = (
     BoundaryKind.MODEL_SWITCH,
 )
 
+# What each boundary is called where people read it (pages, an incident's resolution).
+BOUNDARY_WORDS = {
+    BoundaryKind.COMPACT: "compact",
+    BoundaryKind.FRESH_START: "fresh start",
+    BoundaryKind.MODEL_SWITCH: "model switch",
+    BoundaryKind.MODE_CHANGE: "mode change",
+    BoundaryKind.TOOL_SURFACE_CHANGE: "tool-surface change",
+    BoundaryKind.PROMPT_CHANGE: "prompt change",
+}
+
+
+def boundary_words(kind: str | None) -> str:
+    return BOUNDARY_WORDS.get(kind or "", (kind or "").replace("_", " "))
+
+
 HistoryPolicy = Literal["keep", "summarize", "drop"]
 _HISTORY_POLICY: dict[BoundaryKind, HistoryPolicy] = {
     BoundaryKind.COMPACT: "summarize",

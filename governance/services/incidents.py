@@ -27,18 +27,11 @@ from governance.rules.incidents import (
     may_acknowledge,
     may_resolve,
 )
+from governance.rules.segments import boundary_words
 from governance.services import alerts
 from governance.services.audit import audit
 
 SYSTEM = "system"
-BOUNDARY_WORDS = {
-    "compact": "a compact",
-    "fresh_start": "a fresh start",
-    "model_switch": "a model switch",
-    "mode_change": "a mode change",
-    "tool_surface_change": "a tool surface change",
-    "prompt_change": "a system prompt change",
-}
 
 
 def _states(allowed) -> list[str]:
@@ -214,7 +207,7 @@ def segment_trouble_cleared(
     """Hook of ``services.apply_boundary``: the boundary clears the closed
     segment's trouble. Its incident is resolved, saying which boundary and by
     whom, and every alert of the segment is resolved with it."""
-    how = f"by {BOUNDARY_WORDS.get(kind, f'a {kind} boundary')}"
+    how = f"by a {boundary_words(kind)}"
     for incident in Incident.objects.filter(segment=segment, resolved_at__isnull=True):
         _resolve(incident, by=by, how=how, note=reason, now=now)
     alerts.segment_closed(segment, now)
