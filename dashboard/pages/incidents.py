@@ -170,4 +170,6 @@ def nav_count(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    if getattr(request, "htmx", False) and not request.htmx.history_restore_request:
+        return {}  # a fragment draws no nav: polls do not pay for the count
     return {"incidents_needing": queries.needing_a_person_count()}
