@@ -909,6 +909,17 @@ class ApiToken(models.Model):
     scopes = models.JSONField(default=list, blank=True)
 
 
+class ViewerPreference(models.Model):
+    """What one dashboard user chose for their own view of it."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="viewer_preference"
+    )
+    # An IANA zone ("Europe/Berlin"); empty: the browser's own zone.
+    time_zone = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
 class SpanRecord(models.Model):
     """Embedded span store: the dashboard shows a run's trace without a collector."""
 

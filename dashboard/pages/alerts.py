@@ -21,6 +21,7 @@ from django.utils.cache import patch_vary_headers
 
 from dashboard.queries import alerts as queries
 from dashboard.site import permissions
+from dashboard.site.time_zones import zone_for
 from governance import services, time_source
 from governance.models import Notification
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT
@@ -118,7 +119,7 @@ def acknowledge(request: HttpRequest, notification_id: int) -> HttpResponse:
         # The live critical count on the page refreshes itself on this event.
         response["HX-Trigger"] = "alerts-changed"
         return response
-    acked_at = notification.acked_at.strftime("%Y-%m-%d %H:%M UTC")
+    acked_at = notification.acked_at.astimezone(zone_for(request)).strftime("%Y-%m-%d %H:%M %Z")
     if changed:
         messages.success(request, f"Alert #{notification.pk} acknowledged by you at {acked_at}.")
     else:

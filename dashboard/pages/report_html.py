@@ -12,13 +12,14 @@ markup), then marked safe.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import tzinfo
 from html import escape
 from typing import Any
 
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
-from dashboard.templatetags.ui import when
+from dashboard.templatetags.ui import time_html
 
 
 def _e(value: Any) -> str:
@@ -102,7 +103,7 @@ def aggregate_rows(
     )
 
 
-def discrepancy_rows(rows: Iterable[tuple[Any, Sequence[str]]]) -> SafeString:
+def discrepancy_rows(rows: Iterable[tuple[Any, Sequence[str]]], zone: tzinfo) -> SafeString:
     """One ``<tr>`` per discrepancy of the page: (row, its CSV cells) — the run (its
     first 8 characters, linked), when it settled, provider, outcome, chunks, callback,
     the code with its title, and what the facts say."""
@@ -116,7 +117,7 @@ def discrepancy_rows(rows: Iterable[tuple[Any, Sequence[str]]]) -> SafeString:
             f'href="{_e(reverse("run", args=[run.run_id]))}" title="Run {c[0]}">'
             f"{_e(cells[0][:8])}</a></td>"
             f'\n          <td class="c-settled" data-label="Settled" data-csv="{c[1]}">'
-            f"{when(run.settled_at)}</td>"
+            f"{time_html(run.settled_at, zone) if run.settled_at else '—'}</td>"
             f'\n          <td class="c-provider" data-label="Provider">{c[2]}</td>'
             f'\n          <td class="c-outcome"><span class="state {c[3]}">{c[3]}</span></td>'
             f'\n          <td class="num" data-label="Committed">{c[4]}</td>'

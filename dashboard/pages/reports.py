@@ -24,6 +24,7 @@ from dashboard.pages.streaming import bad_filters, csv_response
 from dashboard.queries import costs
 from dashboard.queries import report as q
 from dashboard.site import permissions
+from dashboard.site.time_zones import zone_for
 from governance import time_source
 from governance.services import deliveries
 
@@ -416,7 +417,7 @@ def delivery_report(request: HttpRequest) -> HttpResponse:
         cost=costs.summary_view(report.total.cost),
         page_obj=page,
         discrepancy_rows=shown,
-        discrepancy_rows_html=report_html.discrepancy_rows(shown),
+        discrepancy_rows_html=report_html.discrepancy_rows(shown, zone_for(request)),
         chart=chart_of(report),
         chart_max_groups=CHART_MAX_GROUPS,
         verdict_words=VERDICT_WORDS,

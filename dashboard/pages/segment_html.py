@@ -13,13 +13,14 @@ in ``templates/segments/detail.html``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import tzinfo
 from html import escape
 from typing import Any
 
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from dashboard.templatetags.ui import at_clock, when
+from dashboard.templatetags.ui import time_html
 
 # An attempt's result as the colour of a state the page already draws.
 RESULT_STATE = {"accepted": "completed", "refused": "frozen"}
@@ -29,7 +30,7 @@ def _e(value: Any) -> str:
     return escape(str(value))
 
 
-def _attempt(item: Any, run_url: str) -> str:
+def _attempt(item: Any, run_url: str, zone: tzinfo) -> str:
     a = item.obj
     state = RESULT_STATE.get(a.result, "failed")
     extra = "".join(
@@ -44,9 +45,11 @@ def _attempt(item: Any, run_url: str) -> str:
     planned = item.card.get("planned")
     if planned is not None:  # a numbered re-probe: its plan beside what happened (R8.1)
         late = round((a.started_at - planned).total_seconds() / 60)
+        planned_at = time_html(planned, zone, "clock", beside=False)
+        sent_at = time_html(a.started_at, zone, "clock", beside=False)
         extra += (
-            f'\n        <span class="muted">planned</span> {at_clock(planned)}'
-            f'<span class="muted">, sent</span> {at_clock(a.started_at)}'
+            f'\n        <span class="muted">planned</span> {planned_at}'
+            f'<span class="muted">, sent</span> {sent_at}'
             + (f' <span class="muted">({late:+d} min)</span>' if late else "")
         )
     return (
@@ -60,7 +63,7 @@ def _attempt(item: Any, run_url: str) -> str:
     )
 
 
-def _stage(item: Any, run_url: str) -> str:
+def _stage(item: Any, run_url: str, _zone: tzinfo) -> str:
     s = item.obj
     finished = item.card.get("state") == "finished"
     outcome = f": <strong>{_e(s.outcome)}</strong>" if finished and s.outcome else ""
@@ -79,8 +82,9 @@ def _stage(item: Any, run_url: str) -> str:
 _BODIES = {"attempt": _attempt, "stage": _stage}
 
 
-def add_entries(items: Iterable[Any]) -> None:
-    """Give each request and stage of the timeline its ``html``: its whole ``<li>``."""
+def add_entries(items: Iterable[Any], zone: tzinfo) -> None:
+    """Give each request and stage of the timeline its ``html``: its whole ``<li>``,
+    its times in ``zone``."""
     urls: dict[Any, str] = {}
     for item in items:
         body = _BODIES.get(item.kind)
@@ -89,7 +93,8 @@ def add_entries(items: Iterable[Any]) -> None:
         run_id = item.obj.run_id
         if run_id not in urls:
             urls[run_id] = _e(reverse("run", args=[run_id]))
+        at, inner = time_html(item.at, zone), body(item, urls[run_id], zone)
         item.html = mark_safe(  # every value escaped above
-            f'<li class="tl tl-{item.kind}">\n      <span class="tl-when">{when(item.at)}</span>'
-            f'\n      <div class="tl-body">{body(item, urls[run_id])}\n      </div>\n    </li>'
+            f'<li class="tl tl-{item.kind}">\n      <span class="tl-when">{at}</span>'
+            f'\n      <div class="tl-body">{inner}\n      </div>\n    </li>'
         )

@@ -25,6 +25,7 @@ from dashboard.queries import runs as run_queries
 from dashboard.queries import segments as queries
 from dashboard.site import permissions
 from dashboard.site.status import human_duration
+from dashboard.site.time_zones import zone_for
 from governance import services, time_source
 from governance.rules.refusal import BOUNDARY_ACTIONS_TEXT, RULE_TEXT, max_sends
 from governance.rules.segments import (
@@ -180,7 +181,7 @@ def segment_detail(request: HttpRequest, segment_id: int) -> HttpResponse:
         return render(request, "segments/detail.html#providers", _providers_context(segment))
     before, readable = _parse_before(request.GET.get("before"))
     timeline = queries.segment_timeline(segment, before=before, limit=TIMELINE_PAGE)
-    segment_html.add_entries(timeline.items)
+    segment_html.add_entries(timeline.items, zone_for(request))
     context = {
         "segment": segment,
         "timeline": timeline,

@@ -10,6 +10,7 @@ from dashboard.pages import (
     incidents,
     insights,
     overview,
+    preferences,
     providers,
     reports,
     runs,
@@ -55,5 +56,6 @@ page_patterns = [
     path("audit/", audit.audit_log, name="audit"),
     path("docs/api/", api_reference.api_reference, name="api-reference"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("me/time-zone", preferences.time_zone, name="time-zone"),
     path("tokens/<int:token_id>/revoke", tokens.revoke, name="token-revoke"),
 ]

@@ -103,6 +103,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.pages.incidents.nav_count",
+                "dashboard.site.time_zones.time_zone_context",
             ],
         },
     },

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, tzinfo
 
 from django import template
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
+from dashboard.site.time_zones import zone_for
 from governance import time_source
 
 register = template.Library()
@@ -26,49 +28,56 @@ def relative(moment: datetime, now: datetime) -> str:
     return "just now"
 
 
-@register.simple_tag
-def when(moment: datetime | None, empty: str = "—"):
-    """A <time> element: relative words, the absolute UTC time on hover; the
-    page script rewrites the title into the viewer's own time zone."""
+def time_html(
+    moment: datetime, zone: tzinfo, fmt: str = "short", *, beside: bool = True
+) -> SafeString:
+    """<time> with the absolute time in ``zone`` (labelled) and the relative
+    words beside it; the page script rewrites the absolute part into the
+    viewer's chosen zone, or the browser's when none was chosen. ``fmt``:
+    "clock" ('14:32 UTC'), "short" ('Dec 05 14:32 UTC'), "stamp" (with the year).
+    ``beside=False`` leaves the relative words out, where a neighbour already says them."""
+    local = moment.astimezone(zone)
+    element = format_html(
+        '<time datetime="{}" data-format="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        fmt,
+        local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        local.strftime(SHOWN[fmt]),
+    )
+    if not beside:
+        return element
+    return format_html(
+        '{} <span class="relative">({})</span>', element, relative(moment, time_source.now())
+    )
+
+
+SHOWN = {"clock": "%H:%M %Z", "short": "%b %d %H:%M %Z", "stamp": "%Y-%m-%d %H:%M %Z"}
+
+
+@register.simple_tag(takes_context=True)
+def when(context, moment: datetime | None, empty: str = "—"):
+    """'Dec 05 03:54 UTC (3 min ago)': the day and time with its zone, the
+    relative words beside it."""
     if moment is None:
         return empty
-    iso = moment.isoformat()
-    return format_html(
-        '<time datetime="{}" title="{}">{}</time>',
-        iso,
-        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        relative(moment, time_source.now()),
-    )
+    return time_html(moment, zone_for(context.get("request")), "short")
 
 
-@register.simple_tag
-def at_clock(moment: datetime | None):
-    """'14:32' (viewer's zone after the page script runs), for 'cooling until 14:32'."""
+@register.simple_tag(takes_context=True)
+def at_clock(context, moment: datetime | None):
+    """'14:32 UTC (in 12 min)', for 'cooling until 14:32': the clock with its
+    zone, the relative words beside it."""
     if moment is None:
         return "—"
-    return format_html(
-        '<time datetime="{}" data-format="clock" title="{}">{}</time>',
-        moment.isoformat(),
-        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        moment.strftime("%H:%M UTC"),
-    )
+    return time_html(moment, zone_for(context.get("request")), "clock")
 
 
-@register.simple_tag
-def moment(moment: datetime | None):
-    """An absolute time with its zone, the relative words beside it:
-    '2026-12-05 03:54 UTC (3 min ago)'. The page script shows the absolute
-    time in the viewer's zone, labelled with that zone."""
+@register.simple_tag(takes_context=True)
+def moment(context, moment: datetime | None):
+    """'2026-12-05 03:54 UTC (3 min ago)': the full date, for a record's facts."""
     if moment is None:
         return "—"
-    return format_html(
-        '<time datetime="{}" data-format="stamp" title="{}">{}</time>'
-        ' <span class="relative">({})</span>',
-        moment.isoformat(),
-        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        moment.strftime("%Y-%m-%d %H:%M UTC"),
-        relative(moment, time_source.now()),
-    )
+    return time_html(moment, zone_for(context.get("request")), "stamp")
 
 
 @register.simple_tag(takes_context=True)

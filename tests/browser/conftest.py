@@ -67,8 +67,11 @@ def page_for(browser, live_server):
     """Log a user in through the real login form and return the page."""
     contexts = []
 
-    def login(username: str, password: str = "pw-for-tests-1", *, width=1280, height=800):
-        context = browser.new_context(viewport={"width": width, "height": height})
+    def login(
+        username: str, password: str = "pw-for-tests-1", *, width=1280, height=800, **options
+    ):
+        """``options``: more of Playwright's context options (``timezone_id``, …)."""
+        context = browser.new_context(viewport={"width": width, "height": height}, **options)
         contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(15_000)

@@ -94,9 +94,11 @@ def test_entries_say_who_what_target_reason_when_newest_first(client, oncall, hi
     assert f'href="{reverse("segment", args=[opened.id])}">{opened.key}</a>' in body
     assert f'href="{reverse("run", args=[run.id])}">{run.id}</a>' in body
     assert "oscar-operator" in body and "alpha frozen" in body
+    # The absolute time with its zone, the relative words beside it.
     assert (
-        '<time datetime="2025-03-02T12:00:00+00:00" title="2025-03-02 12:00:00 UTC">2 d ago</time>'
-        in body
+        '<time datetime="2025-03-02T12:00:00+00:00" data-format="short" '
+        'title="2025-03-02 12:00:00 UTC">Mar 02 12:00 UTC</time> '
+        '<span class="relative">(2 d ago)</span>' in body
     )
 
 

@@ -30,6 +30,7 @@ from governance.models import (
     Segment,
     Thread,
     ToolServer,
+    ViewerPreference,
 )
 from governance.roles import ACTIONS, ROLES
 from governance.rules.settlement import Outcome, ReasonCode, Settlement
@@ -206,6 +207,7 @@ PAGE_WRITES = {
     "provider prices": needs("change_provider"),
     "provider schedule": needs("change_provider"),
     "new token": lambda actor: "ok",  # its own token, never wider than its role
+    "choose time zone": lambda actor: "ok",  # how times are shown to this person only
     # A stdio server runs a command on the workers: run_tool_command as well.
     "register stdio tool": needs_all("change_toolserver", "run_tool_command"),
     "import tools file (a stdio server)": needs_all("change_toolserver", "run_tool_command"),
@@ -280,6 +282,7 @@ def written() -> tuple:
         Segment.objects.count(),
         AuditEntry.objects.count(),
         ApiToken.objects.count(),
+        sorted(ViewerPreference.objects.values_list("user_id", "time_zone")),
         sorted(Provider.objects.values_list("provider_id", "enabled", "updated_at", "currency")),
         sorted(Route.objects.values_list("name", "enabled", "updated_at")),
         sorted(ToolServer.objects.values_list("name", "enabled")),
@@ -366,6 +369,7 @@ def page_request(client, world: World, action: str):
              "schedule-p-reason": "table"},
         ),
         "new token": ("/tokens/", {"name": "mine"}),
+        "choose time zone": ("/me/time-zone", {"time_zone": "Europe/Berlin"}),
         "register stdio tool": (
             "/tools/stdio",
             {"stdio-name": "clock", "stdio-command": TIME_SERVER, "stdio-reason": "table"},

@@ -879,7 +879,7 @@ def test_r84_discrepancy_rows_are_written_with_every_value_escaped():
     row = q.DiscrepancyRow(run, "odd_code", "Odd <title>", "it said <script>")
     cells = [str(run_id), "2025-03-01 12:00:00", "<b>p</b>", "partial", "2", "1", "0",
              "pending", "odd_code", "it said <script>"]  # fmt: skip
-    html = str(report_html.discrepancy_rows([(row, cells)]))
+    html = str(report_html.discrepancy_rows([(row, cells)], UTC))
     assert "<script>" not in html and "<b>" not in html and "<title>" not in html
     assert f'href="{reverse("run", args=[run_id])}" title="Run {run_id}">12345678</a>' in html
     assert '<td class="c-provider" data-label="Provider">&lt;b&gt;p&lt;/b&gt;</td>' in html

@@ -165,9 +165,15 @@ def test_list_shows_each_provider_state_in_words_and_numbers(client, oncall, thr
     body = html(response)
     assert response.status_code == 200
     assert '<span class="state cooling">cooling</span> until <time' in body
-    assert '12:30 UTC</time> <span class="counts">(refusals 2 of 4)</span>' in body
+    assert (
+        '12:30 UTC</time> <span class="relative">(in 30 min)</span> '
+        '<span class="counts">(refusals 2 of 4)</span>' in body
+    )
     assert '<span class="state frozen">frozen</span> since <time' in body
-    assert '09:00 UTC</time> <span class="counts">(refusals 4 of 4)</span>' in body
+    assert (
+        '09:00 UTC</time> <span class="relative">(3 h ago)</span> '
+        '<span class="counts">(refusals 4 of 4)</span>' in body
+    )
     assert '<span class="mono">gamma</span>: <span class="state eligible">eligible</span>' in body
     assert RULE_TEXT in body  # R3.7: the rule's one voice
 
