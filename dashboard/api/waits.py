@@ -37,7 +37,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections, connection
 
 from dashboard.site.loop_db import off_loop, plain_params
-from dashboard.site.responses import WaitedAnswer
+from dashboard.site.responses import WaitedAnswer, apply_answered
 from governance.services.runs import RUN_SETTLED_CHANNEL
 from governance.services.stream import run_is_settled
 
@@ -222,21 +222,34 @@ def waited_answer(
 ) -> WaitedAnswer:
     """The response that answers at the run's settlement (or after ``wait_s``):
     ``answer(settled_only=...)`` builds the body, None while not settled when
-    ``settled_only``. Under ASGI the listener's notification wakes it; under a
-    WSGI server the request's thread polls the small read."""
+    ``settled_only``; a body that is ``Answered`` decides the status and
+    headers too. Under ASGI the listener's notification wakes it and the status
+    line waits for the body; under a WSGI server the request's thread polls the
+    small read before the response is made."""
     settled_now = partial(run_is_settled, run_id)
     final_answer = partial(answer, settled_only=False)
-    body = (
-        answer_when_settled(
-            str(run_id), wait_s, settled_now, partial(answer, settled_only=True), final_answer,
-            looked_at=looked_at,
-        )
-        if isinstance(request, ASGIRequest)
-        else answer_when_settled_sync(wait_s, settled_now, final_answer)
-    )  # fmt: skip
-    response = WaitedAnswer(body, content_type="application/json")
+    if not isinstance(request, ASGIRequest):
+        part = next(answer_when_settled_sync(wait_s, settled_now, final_answer))
+        response = WaitedAnswer([bytes(part)], content_type="application/json")
+        apply_answered(response, part)
+    else:
+        response = WaitedAnswer(content_type="application/json")
+        response.streaming_content = _deciding(
+            response,
+            answer_when_settled(
+                str(run_id), wait_s, settled_now, partial(answer, settled_only=True),
+                final_answer, looked_at=looked_at,
+            ),
+        )  # fmt: skip
     response["Cache-Control"] = "no-store"
     return response
+
+
+async def _deciding(response: WaitedAnswer, parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body's one part, its status and headers given to the response first."""
+    async for part in parts:
+        apply_answered(response, part)
+        yield bytes(part)
 
 
 def answer_when_settled_sync(
@@ -245,6 +258,7 @@ def answer_when_settled_sync(
     """The same under a WSGI server: the request's own thread polls with the small read."""
     deadline = time.monotonic() + wait_s
     while settled() is False and time.monotonic() < deadline:
-        close_old_connections()
+        if not connection.in_atomic_block:  # a test's transaction: its connection stays
+            close_old_connections()
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
     yield answer()

@@ -37,9 +37,11 @@ from dashboard.openai.schemas import ChatCompletionRequest
 from dashboard.queries.run_detail import RunFacts, run_facts
 from dashboard.site import permissions
 from dashboard.site.loop_db import off_loop
+from dashboard.site.responses import Answered
 from governance import services, time_source
 from governance.models import Provider, Route, Run
 from governance.rules.cost import usage_tokens
+from governance.rules.door import DoorFailure, door_failure
 from governance.rules.refusal import refusal_answer_text
 from governance.rules.settlement import ReasonCode
 from governance.rules.tools import client_tool_list
@@ -51,6 +53,8 @@ from tasks import instrumentation as spans
 
 METHODS = ("POST",)
 WAIT_MARGIN_S = 5.0  # past the run's deadline: the watchdog settles it by then
+# The run already tried its route's fallbacks and retries (rules.door).
+NO_RETRY = {"x-should-retry": "false"}
 
 
 class DoorError(Exception):
@@ -215,7 +219,14 @@ def _answer_when_settled(request: HttpRequest, run, segment_key: str) -> HttpRes
         facts = run_facts(key, settled_only=settled_only)
         if facts is None:
             return None if settled_only else _not_found_body()
-        return JsonResponse(completion(facts)).content
+        body = completion(facts)
+        failure = failure_of(facts, body)
+        if failure is None:
+            return JsonResponse(body).content
+        return Answered(
+            JsonResponse(_failure_body(request, facts, body, failure)).content,
+            failure.status, NO_RETRY,
+        )  # fmt: skip
 
     response = run_waits.waited_answer(request, key, wait_s, answer)
     return _with_run_headers(response, request, run, segment_key)
@@ -251,9 +262,9 @@ def _stream(request: HttpRequest, run, segment_key: str, include_usage: bool) ->
         # The request's own thread would otherwise hold a database connection
         # for the stream's whole life (as the run stream does).
         db_connection.close()
-        body = _achunks(run, connection_id, include_usage)
+        body = _achunks(run, connection_id, include_usage, request)
     else:
-        body = _sync_chunks(run, connection_id, include_usage)
+        body = _sync_chunks(run, connection_id, include_usage, request)
     response = StreamingHttpResponse(body, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
@@ -306,12 +317,17 @@ def _wire_call(call: dict) -> dict:
     }
 
 
-def _tail(run, include_usage: bool) -> bytes:
-    """The final chunk (finish reason, refusal), the usage chunk if asked, [DONE]."""
+def _tail(run, include_usage: bool, request: HttpRequest | None = None) -> bytes:
+    """The final chunk (finish reason, refusal), the usage chunk if asked, [DONE];
+    for a run that did not answer, OpenAI's error event instead (its SDKs raise it)."""
     facts = run_facts(run.id)
     answer = completion(facts) if facts is not None else None
     if answer is None:
         return b"data: [DONE]\n\n"
+    failure = failure_of(facts, answer)
+    if failure is not None:
+        error = json.dumps(_failure_body(request, facts, answer, failure), ensure_ascii=False)
+        return f"data: {error}\n\ndata: [DONE]\n\n".encode()
     choice = answer["choices"][0]
     refusal = choice["message"]["refusal"]
     model = answer["model"]
@@ -322,20 +338,20 @@ def _tail(run, include_usage: bool) -> bytes:
     return out + b"data: [DONE]\n\n"
 
 
-def _sync_chunks(run, connection_id: str, include_usage: bool) -> Iterator[bytes]:
+def _sync_chunks(run, connection_id: str, include_usage: bool, request) -> Iterator[bytes]:
     yield _chunk(run, {"role": "assistant", "content": ""})
     with contextlib.closing(events.event_batches_sync(run.id, 0, connection_id)) as batches:
         for batch in batches:
             yield _deltas(run, batch)
-    yield _tail(run, include_usage)
+    yield _tail(run, include_usage, request)
 
 
-async def _achunks(run, connection_id: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def _achunks(run, connection_id: str, include_usage: bool, request) -> AsyncIterator[bytes]:
     yield _chunk(run, {"role": "assistant", "content": ""})
     async with contextlib.aclosing(events.event_batches(run.id, 0, connection_id)) as batches:
         async for batch in batches:
             yield _deltas(run, batch)
-    yield await off_loop(_tail)(run, include_usage)
+    yield await off_loop(_tail)(run, include_usage, request)
 
 
 def _not_found_body() -> bytes:
@@ -394,6 +410,39 @@ def completion(facts: RunFacts) -> dict[str, Any]:
             "reason": facts.settlement.reason if facts.settlement else None,
         },
     }
+
+
+def failure_of(facts: RunFacts, body: dict[str, Any]) -> DoorFailure | None:
+    """R6.5: a settled run that gave the client nothing is an error (rules.door)."""
+    if facts.settlement is None:
+        return None
+    choice = body["choices"][0]
+    return door_failure(
+        facts.settlement.outcome, facts.settlement.reason_code,
+        answered=bool(choice["message"]["content"] or choice["message"].get("tool_calls")),
+        refused=choice["finish_reason"] == "content_filter",
+    )  # fmt: skip
+
+
+def _failure_body(
+    request: HttpRequest | None, facts: RunFacts, body: dict[str, Any], failure: DoorFailure
+) -> dict[str, Any]:
+    """OpenAI's error shape, saying why in the settlement's words, and where to look."""
+    run = facts.run
+    where = reverse("run", kwargs={"run_id": run.id})
+    if request is not None:
+        where = request.build_absolute_uri(where)
+    said = (
+        f"the run was stopped by {run.cancel_requested_by or 'someone'}"
+        if run.cancel_requested_at else "the run did not answer"
+    )  # fmt: skip
+    return {
+        "error": {
+            "message": f"{said}: {facts.settlement.reason} (run {where})",
+            "type": failure.type, "param": None, "code": failure.code,
+        },
+        "governance": body["governance"],
+    }  # fmt: skip
 
 
 def _usage(facts: RunFacts) -> dict[str, int]:

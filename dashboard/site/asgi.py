@@ -112,7 +112,7 @@ class SyncChainASGIHandler(ASGIHandler):
         """A streaming body, ended early by the client's disconnect (an idle
         stream or a waiting request would otherwise outlive its client)."""
         if isinstance(response, WaitedAnswer):
-            send = _with_the_end(send)
+            send = _with_the_end(send, response)
         tasks = [
             asyncio.create_task(self.listen_for_disconnect(receive)),
             asyncio.create_task(self.send_response(response, send)),
@@ -129,13 +129,22 @@ class SyncChainASGIHandler(ASGIHandler):
             await sync_to_async(response.close, thread_sensitive=True)()
 
 
-def _with_the_end(send):
+def _with_the_end(send, response):
     """``send`` that holds a body part until the next message and sends it with
-    that one: a body of one part goes out with the body's end, in one write."""
+    that one: a body of one part goes out with the body's end, in one write.
+    The status line waits for that part too: a waited answer may decide its
+    own status (``responses.Answered``), and it is read from the response then."""
     held = None
+    start = None
 
     async def sending(message):
-        nonlocal held
+        nonlocal held, start
+        if message["type"] == "http.response.start":
+            start = message
+            return
+        if start is not None:
+            await send({**start, "status": response.status_code, "headers": _headers(response)})
+            start = None
         if message["type"] == "http.response.body":
             if held is not None:
                 message = {**message, "body": held["body"] + message.get("body", b"")}
@@ -146,6 +155,16 @@ def _with_the_end(send):
         await send(message)
 
     return sending
+
+
+def _headers(response) -> list[tuple[bytes, bytes]]:
+    """The response's headers as Django's ``send_response`` encodes them."""
+    headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
+    headers.extend(
+        (b"Set-Cookie", c.output(header="").encode("ascii").strip())
+        for c in response.cookies.values()
+    )
+    return headers
 
 
 # Idle request threads kept for the next requests (a burst's peak starts more).
