@@ -186,6 +186,13 @@ class SegmentAnswer(Answer):
     providers: list[ProviderVerdict] = Field(description="each provider's verdict here (R8.1)")
 
 
+class DoorConversation(Answer):
+    session_id: str | None = Field(
+        description="the client's X-Session-Id; null: found by its messages' prefix"
+    )
+    model: str = Field(description="the route or provider the client last named as `model`")
+
+
 class ThreadAnswer(Answer):
     id: str
     title: str
@@ -196,6 +203,9 @@ class ThreadAnswer(Answer):
     system_prompt: str
     callback_url: str | None
     created_at: str
+    door: DoorConversation | None = Field(
+        description="set for a conversation of the OpenAI-compatible door; null otherwise"
+    )
     segment: SegmentAnswer
 
 
@@ -699,6 +709,9 @@ class ThreadListItem(Answer):
     tool_surface: list[str]
     callback_url: str | None
     created_at: str
+    door: DoorConversation | None = Field(
+        description="set for a conversation of the OpenAI-compatible door; null otherwise"
+    )
     open_segment: str | None = Field(description="the key of the thread's open segment")
 
 

@@ -37,6 +37,12 @@ def thread_json(thread: Thread) -> dict[str, Any]:
         "system_prompt": thread.system_prompt,
         "callback_url": thread.callback_url or None,
         "created_at": thread.created_at.isoformat(),
+        # A conversation the OpenAI-compatible door keeps (its runs name the client).
+        "door": (
+            {"session_id": thread.client_session_key, "model": thread.client_model}
+            if thread.client_model
+            else None
+        ),
     }
 
 

@@ -118,6 +118,15 @@ def test_the_door_records_its_token_and_the_dashboard_shows_the_door_thread(
     assert 'session <span class="mono">conv-7</span>' in run_page
     assert 'client: <strong class="client-name">support bot</strong>' in run_page
 
+    # The API says the thread is the door's conversation, the list too.
+    own = call(client, auth, "GET", f"/api/v1/threads/{thread.id}").json()
+    assert own["door"] == {"session_id": "conv-7", "model": "p"}
+    (listed_thread,) = call(client, auth, "GET", "/api/v1/threads").json()["items"]
+    assert listed_thread["door"] == {"session_id": "conv-7", "model": "p"}
+    made_otherwise = services.create_thread(provider_chain=["p"], user=agent, now=time_source.now())
+    other = call(client, auth, "GET", f"/api/v1/threads/{made_otherwise.id}").json()
+    assert other["door"] is None
+
 
 def test_a_token_scoped_to_the_door_alone_cannot_write_through_the_run_api(
     client, make_user, provider
