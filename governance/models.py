@@ -136,6 +136,13 @@ class ToolServer(models.Model):
     enabled = models.BooleanField(default=True)
     # mcp kinds: {tool: effect class} over the annotations' default
     effect_overrides = models.JSONField(default=dict, blank=True)
+    # Who must say yes before a call runs (rules.approvals): never, side_effects
+    # (every call not read-only) or always; per tool over the server's; the
+    # role (a group) whose members may answer, and how long a request waits.
+    approval = models.CharField(max_length=16, default="never")
+    approval_overrides = models.JSONField(default=dict, blank=True)
+    approver_role = models.CharField(max_length=80, default="operator")
+    approval_wait_s = models.FloatField(default=3600.0)
     listed_tools = models.JSONField(default=list, blank=True)
     schema_version = models.PositiveIntegerField(default=0)
     schema_fingerprint = models.CharField(max_length=64, blank=True)
@@ -735,6 +742,43 @@ class ToolReceipt(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+
+class ToolApproval(models.Model):
+    """One call a person must approve, recorded exactly as it will be sent
+    (tool, arguments, idempotency key): a yes runs that call, once; a no or no
+    answer in time is the call's result the model reads (rules.approvals)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        DENIED = "denied"
+        EXPIRED = "expired"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    stage = models.OneToOneField(Stage, on_delete=models.CASCADE, related_name="approval")
+    tool = models.CharField(max_length=200)
+    server = models.CharField(max_length=40, blank=True)
+    effect_class = models.CharField(max_length=16, blank=True)
+    annotations = models.JSONField(default=dict, blank=True)
+    arguments = models.JSONField(default=dict)
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    call_id = models.CharField(max_length=100, blank=True)
+    # The model's words in the turn that asked for the call (its reasoning).
+    reasoning = models.TextField(blank=True)
+    policy = models.CharField(max_length=16)
+    approver_role = models.CharField(max_length=80)
+    requested_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["state", "expires_at"], name="approval_open")]
+        permissions = [("decide_approval", "Can approve or deny a paused tool call")]
 
 
 class BodyChunk(models.Model):

@@ -17,6 +17,8 @@ ACTIONS: dict[str, str] = {
     "see_all_runs": "see every thread and run (without it: only their own)",
     "apply_boundary": "force boundaries",
     "acknowledge_notification": "acknowledge alerts",
+    # The tool's approval policy names which role's members may answer.
+    "decide_approval": "approve or deny a paused tool call",
     "view_delivery_report": "read the delivery report",
     "view_insights": "read the re-probe statistics and refusal costs (Insights)",
     "change_provider": "add or change providers",
@@ -27,10 +29,11 @@ ACTIONS: dict[str, str] = {
 
 ROLES: dict[str, tuple[str, ...]] = {
     # Acknowledges critical freeze alerts; may stop a run that is doing harm.
-    "on-call": ("acknowledge_notification", "cancel_run", "see_all_runs"),
+    "on-call": ("acknowledge_notification", "decide_approval", "cancel_run", "see_all_runs"),
     # Forces new segments (compact, fresh start, switch model) and runs work.
     "operator": (
         "acknowledge_notification",
+        "decide_approval",
         "apply_boundary",
         "submit_run",
         "use_openai_door",

@@ -65,6 +65,7 @@ INSTRUMENTATION_NAME = "governance"
 RUN_SPAN_NAME = "governance.run"
 QUEUE_SPAN_NAME = "governance.stage.queue"
 EXECUTION_SPAN_NAME = "governance.stage.execution"
+APPROVAL_WAIT_SPAN_NAME = "governance.approval.wait"
 
 # What a span is to the dashboard; set at the span's start so the sampler sees it.
 SPAN_KIND_ATTRIBUTE = "governance.span.kind"
@@ -73,7 +74,10 @@ QUEUE_KIND = "stage.queue"
 EXECUTION_KIND = "stage.execution"
 ATTEMPT_KIND = "attempt"
 TOOL_KIND = "tool"
-GOVERNANCE_SPAN_KINDS = frozenset({RUN_KIND, QUEUE_KIND, EXECUTION_KIND, ATTEMPT_KIND, TOOL_KIND})
+APPROVAL_WAIT_KIND = "approval.wait"
+GOVERNANCE_SPAN_KINDS = frozenset(
+    {RUN_KIND, QUEUE_KIND, EXECUTION_KIND, ATTEMPT_KIND, TOOL_KIND, APPROVAL_WAIT_KIND}
+)
 
 # Carrier keys besides W3C ``traceparent`` (which names the *run* span).
 RUN_SPAN_KEY = "run_span_id"
@@ -523,6 +527,36 @@ def record_queue_span(
         start_time=_ns(enqueued_at),
     )
     span.end(end_time=_ns(max(started_at, enqueued_at)))
+
+
+def record_approval_wait_span(
+    carrier: Mapping[str, str],
+    *,
+    run_id: Any,
+    stage_id: Any,
+    tool: str,
+    requested_at: datetime,
+    decided_at: datetime,
+    answer: str,
+    decided_by: str,
+) -> None:
+    """R6.1: the wait for a person's answer to one call, a clock of its own:
+    apart from the stage's queue and execution, and no-progress did not run."""
+    attrs = {
+        **_stage_identity(run_id, stage_id, "tool_call", APPROVAL_WAIT_KIND),
+        SPAN_KIND_ATTRIBUTE: APPROVAL_WAIT_KIND,
+        "governance.tool": tool,
+        "governance.approval.answer": answer,
+        "governance.approval.decided_by": decided_by,
+        "governance.clock.approval_wait_ms": _ms(decided_at - requested_at),
+    }
+    span = get_tracer().start_span(
+        APPROVAL_WAIT_SPAN_NAME,
+        context=context_from(carrier),
+        attributes=attrs,
+        start_time=_ns(requested_at),
+    )
+    span.end(end_time=_ns(max(decided_at, requested_at)))
 
 
 class StageSpan:

@@ -109,6 +109,13 @@ INCIDENT_ID = {
     "description": "the incident's id",
     "schema": {"type": "integer", "minimum": 1},
 }
+APPROVAL_ID = {
+    "name": "approval_id",
+    "in": "path",
+    "required": True,
+    "description": "the approval request's id",
+    "schema": {"type": "integer", "minimum": 1},
+}
 PROVIDER_ID = {
     "name": "provider_id",
     "in": "path",
@@ -233,6 +240,29 @@ OPERATIONS: tuple[Operation, ...] = (
         parameters=(NOTIFICATION_ID,),
         description="Needs the `acknowledge_notification` permission, like the inbox's "
         "button. No body.",
+    ),
+    Operation(
+        "get", "/api/v1/approvals",
+        "Tool calls waiting for a person's approval, newest first (cursor-paged)",
+        {200: ("one page of approval requests and the next cursor", s.ApprovalPage)},
+        errors=READ, tags=("approvals",), parameters=_query(s.ApprovalQuery),
+    ),
+    Operation(
+        "get", "/api/v1/approvals/{approval_id}",
+        "One approval request: the exact call, who may answer, until when, the answer",
+        {200: ("the request", s.ApprovalAnswer)}, errors=(401, 404, 405, 500),
+        tags=("approvals",), parameters=(APPROVAL_ID,),
+    ),
+    Operation(
+        "post", "/api/v1/approvals/{approval_id}",
+        "Approve or deny a paused call: yes runs exactly the recorded call, once",
+        {200: ("the request, decided", s.ApprovalAnswer)},
+        body=s.ApprovalDecision, errors=(*WRITE, 403, 409), tags=("approvals",),
+        parameters=(APPROVAL_ID,),
+        description="Needs the `decide_approval` permission and the role the tool's policy "
+        "names. A request already decided, past its wait, or whose run settled answers 409 "
+        "with the decision that stands in `approval`; nothing changes. A denial needs a "
+        "reason: the model reads it as the call's result, and the run goes on.",
     ),
     Operation(
         "get", "/api/v1/incidents",

@@ -361,6 +361,49 @@ class IncidentAction(Body):
     note: text(2_000, strip=True) = Field("", description="kept on the incident's step")
 
 
+class ApprovalQuery(PageQuery):
+    state: Literal["waiting", "pending", "approved", "denied", "expired", "all"] = Field(
+        "waiting",
+        description="waiting: pending and its run not settled (what needs a person)",
+    )
+
+
+class ApprovalDecision(Body):
+    decision: Literal["approve", "deny"]
+    reason: text(500, strip=True) = Field(
+        "", description="required to deny: the model reads it as the call's result"
+    )
+
+
+class ApprovalAnswer(Answer):
+    id: int
+    state: Literal["pending", "approved", "denied", "expired"]
+    waiting: bool = Field(description="pending and its run not settled: it needs a person")
+    tool: str
+    server: str | None
+    effect_class: str | None
+    annotations: dict[str, Any]
+    arguments: dict[str, Any] = Field(description="exactly as the call will be sent")
+    idempotency_key: str = Field(description="the key the call carries (R5.4)")
+    reasoning: str = Field(description="the model's words in the turn that asked for the call")
+    policy: str
+    approver_role: str
+    run_id: str
+    thread_id: str
+    thread_title: str
+    requested_at: str
+    expires_at: str
+    decided_by: str | None
+    decided_at: str | None
+    reason: str | None
+    url: str = Field(description="the request in the dashboard's Approvals inbox")
+
+
+class ApprovalPage(Answer):
+    items: list[ApprovalAnswer]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+
+
 class ThreadQuery(PageQuery):
     pass
 
@@ -767,6 +810,22 @@ EffectOverrides = Annotated[
 ]
 
 
+ApprovalPolicyField = Literal["never", "side_effects", "always"]
+ApprovalOverrides = Annotated[
+    dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], ApprovalPolicyField],
+    Field(description="mcp kinds: tool name -> approval policy, over the server's"),
+]
+ApproverRole = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=80),
+    Field(description="the role (group) whose members may approve or deny its calls"),
+]
+ApprovalWait = Annotated[
+    float,
+    Field(ge=60.0, le=7 * 24 * 3600.0, description="how long a request waits for a person (s)"),
+]
+
+
 class ToolCreate(Body):
     name: ToolServerName = Field(
         description="its tools are 'name.tool' (mcp, mcp_stdio) or 'name' (http)"
@@ -795,6 +854,18 @@ class ToolCreate(Body):
     timeout_s: Annotated[float, Field(ge=0.1, le=600.0)] = 30.0
     enabled: bool = True
     effect_overrides: EffectOverrides = {}
+    approval: ApprovalPolicyField | None = Field(
+        None,
+        description="who must say yes before a call runs: never (the default), side_effects "
+        "(every call not read-only) or always",
+    )
+    approval_overrides: ApprovalOverrides | None = None
+    approver_role: ApproverRole | None = Field(
+        None, description="the role (group) whose members may answer; default operator"
+    )
+    approval_wait_s: ApprovalWait | None = Field(
+        None, description="how long a request waits for a person (s); default 3600"
+    )
 
 
 class ToolUpdate(Body):
@@ -810,6 +881,10 @@ class ToolUpdate(Body):
     args: ToolArgs | None = None
     env_names: EnvNames | None = None
     cwd: text(500) | None = None
+    approval: ApprovalPolicyField | None = None
+    approval_overrides: ApprovalOverrides | None = None
+    approver_role: ApproverRole | None = None
+    approval_wait_s: ApprovalWait | None = None
     refresh: bool = Field(False, description="mcp: list the server's tools again now")
     reason: text(2_000) = Field("", description="kept in the audit log with the change")
 
@@ -821,6 +896,9 @@ class ToolListed(Answer):
     parameters: dict[str, Any]
     annotations: dict[str, Any]
     effect: ToolEffect = Field(description="the effect class the runtime governs it by")
+    approval: ApprovalPolicyField = Field(
+        description="its approval policy (its own, or the server's)"
+    )
     wire_name: str = Field(description="the name a provider sees (OpenAI/Anthropic rules)")
 
 
@@ -853,6 +931,10 @@ class ToolAnswer(Answer):
     timeout_s: float
     enabled: bool
     effect_overrides: dict[str, ToolEffect]
+    approval: ApprovalPolicyField
+    approval_overrides: dict[str, ApprovalPolicyField]
+    approver_role: str
+    approval_wait_s: float
     schema_version: int
     listed_at: str | None
     list_error: str | None

@@ -3,6 +3,7 @@
 from django.urls import path
 
 from dashboard.api import (
+    approvals,
     events,
     incidents,
     insights,
@@ -37,6 +38,8 @@ api_patterns = [
         notifications.acknowledge_notification,
         name="api-notification-ack",
     ),
+    path("api/v1/approvals", approvals.approvals, name="api-approvals"),
+    path("api/v1/approvals/<str:approval_id>", approvals.approval, name="api-approval"),
     path("api/v1/incidents", incidents.incidents, name="api-incidents"),
     path("api/v1/incidents/<str:incident_id>", incidents.incident, name="api-incident"),
     path("api/v1/incidents/<str:incident_id>/ack", incidents.acknowledge, name="api-incident-ack"),

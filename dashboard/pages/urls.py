@@ -5,6 +5,7 @@ from django.urls import path
 from dashboard.pages import (
     alerts,
     api_reference,
+    approvals,
     audit,
     demo_pager,
     incidents,
@@ -29,6 +30,9 @@ page_patterns = [
     path("incidents/<int:incident_id>/", incidents.incident, name="incident"),
     path("incidents/<int:incident_id>/ack", incidents.acknowledge, name="incident-ack"),
     path("incidents/<int:incident_id>/resolve", incidents.resolve, name="incident-resolve"),
+    path("approvals/", approvals.approvals, name="approvals"),
+    path("approvals/waiting", approvals.waiting_count, name="approvals-waiting"),
+    path("approvals/<int:approval_id>/decide", approvals.decide, name="approval-decide"),
     path("alerts/", alerts.alerts, name="alerts"),
     path("alerts/<int:notification_id>/ack", alerts.acknowledge, name="alert-ack"),
     path("segments/", segments.segments, name="segments"),

@@ -58,6 +58,10 @@ def tool_json(server: ToolServer) -> dict[str, Any]:
         "timeout_s": server.timeout_s,
         "enabled": server.enabled,
         "effect_overrides": dict(server.effect_overrides or {}),
+        "approval": server.approval,
+        "approval_overrides": dict(server.approval_overrides or {}),
+        "approver_role": server.approver_role,
+        "approval_wait_s": server.approval_wait_s,
         "schema_version": server.schema_version,
         "listed_at": server.listed_at.isoformat() if server.listed_at else None,
         "list_error": server.list_error or None,
@@ -85,6 +89,7 @@ def tool_detail_json(server: ToolServer, opened=()) -> dict[str, Any]:
                 "parameters": t.parameters,
                 "annotations": t.annotations,
                 "effect": t.effect_class,
+                "approval": t.approval,
                 "wire_name": wire[t.name],
             }
             for t in tools

@@ -405,6 +405,10 @@ RUN_DEFAULT_BUDGET = {
     "output_reserve": env_int("GOVERNANCE_BUDGET_OUTPUT_RESERVE", 2, minimum=0),
 }
 
+# --- Approvals of tool calls (governance/rules/approvals.py) ---
+# Four eyes: nobody approves or denies a call in a run they submitted themselves.
+GOVERNANCE_APPROVAL_FOUR_EYES = env_bool("GOVERNANCE_APPROVAL_FOUR_EYES", False)
+
 # --- Alert channels (R3.6, R8.2; governance/services/alerts.py, tasks/alerts.py) ---
 # An unacknowledged critical alert re-notifies the next tier this often.
 GOVERNANCE_ESCALATION_MINUTES = env_int("GOVERNANCE_ESCALATION_MINUTES", 15, minimum=1)

@@ -135,6 +135,9 @@ class OpenStageFacts:
     # Whether the broker holds a message for it now (None: not looked, or the
     # broker cannot tell).
     in_broker: bool | None = None
+    # Parked while a person is asked to approve its call: no message is owed;
+    # the answer (or the request's expiry) sends it (rules.approvals).
+    awaiting_person: bool = False
 
 
 class Resend(StrEnum):
@@ -171,6 +174,8 @@ def needs_resend(
     if facts.holder:
         if facts.holder_gone or facts.lease_until is None or facts.lease_until <= now:
             return Resend.HOLDER_STOPPED
+        return None
+    if facts.awaiting_person:
         return None
     if facts.parked_at is not None:
         if not facts.thread_turn_in_flight and facts.parked_at <= now - resend_after:

@@ -108,6 +108,9 @@ class RunClockFacts:
     run_started_at: datetime
     last_progress_at: datetime
     deadline_at: datetime
+    # A person is being asked to approve one of its calls: the no-progress
+    # clock does not run meanwhile, the overall deadline does.
+    awaiting_person: bool = False
 
     def __post_init__(self) -> None:
         _require_aware("run_started_at", self.run_started_at)
@@ -389,13 +392,14 @@ def watchdog_breach(
 
     Called by the periodic clock watchdog. ``deadline_exceeded`` wins over
     ``no_progress`` (same precedence as :func:`name_timeout`). Reaching a
-    limit counts as breaching it.
+    limit counts as breaching it. While a person is asked to approve a call,
+    only the deadline runs.
     """
     _require_aware("now", now)
     _require_positive("no_progress_limit", no_progress_limit)
     _require_order("last_progress_at", run.last_progress_at, "now", now)
     if deadline_reached(now, run.deadline_at):
         return TimeoutVerdict(TimeoutName.DEADLINE_EXCEEDED)
-    if now - run.last_progress_at >= no_progress_limit:
+    if not run.awaiting_person and now - run.last_progress_at >= no_progress_limit:
         return TimeoutVerdict(TimeoutName.NO_PROGRESS)
     return None

@@ -737,13 +737,23 @@ def conclude_unwatchable(words: str) -> StageConclusion:
     return StageConclusion(outcome="abandoned", facts=(fact,), detail=words)
 
 
-def conclude_breach(timeout_name: str) -> StageConclusion:
+def conclude_breach(timeout_name: str, *, awaiting_person: bool = False) -> StageConclusion:
     """R6.1/R6.2: the clock watchdog found a run past its deadline or without
-    progress while no stage held it; the clock owns that fact."""
+    progress while no stage held it; the clock owns that fact. A run whose
+    call waited for a person's approval says so (the deadline ran meanwhile)."""
     kind = (
         FactKind.DEADLINE_EXCEEDED
         if timeout_name == "deadline_exceeded"
         else FactKind.NO_PROGRESS_TIMEOUT
     )
-    fact = OwnerFact(Owner.CLOCK, kind, timeout_name, detail="clock watchdog")
-    return StageConclusion(outcome="abandoned", facts=(fact,), timeout_name=timeout_name)
+    detail = "clock watchdog"
+    if awaiting_person:
+        detail = (
+            "the clock watchdog stopped waiting: the time ran out "
+            "while a call waited for a person's approval"
+        )
+    fact = OwnerFact(Owner.CLOCK, kind, timeout_name, detail=detail)
+    return StageConclusion(
+        outcome="abandoned", facts=(fact,), timeout_name=timeout_name,
+        detail=detail if awaiting_person else "",
+    )  # fmt: skip

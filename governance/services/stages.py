@@ -33,6 +33,7 @@ from governance.models import (
     Stage,
     Thread,
     ThreadSession,
+    ToolApproval,
     ToolReceipt,
 )
 from governance.rules import breaker as breaker_rules
@@ -623,7 +624,7 @@ def _write_counted(
             finished_at=now,
             outcome="abandoned",
             timeout_name=conclusion.timeout_name,
-            detail="the clock watchdog stopped waiting for this stage",
+            detail=conclusion.detail or "the clock watchdog stopped waiting for this stage",
             clocks={},
         ):
             other.outcome, other.timeout_name = "abandoned", conclusion.timeout_name
@@ -785,6 +786,7 @@ class WatchedRun:
     run: Run
     held: bool  # a live holder runs one of its stages
     stale: list[StageResend]  # its stages to send again
+    awaiting_person: bool = False  # one of its calls waits for a person's approval
 
 
 def unsettled_runs(
@@ -809,6 +811,12 @@ def unsettled_runs(
             open_stages.setdefault(stage.run_id, []).append(stage)
             if stage.kind in MODEL_STAGES and claim_rules.turn_in_flight(stage.lease_until, now):
                 busy_threads.add(thread_of[stage.run_id])
+        asking = set(
+            ToolApproval.objects.filter(
+                stage__in=[s.id for stages in open_stages.values() for s in stages],
+                state=ToolApproval.State.PENDING,
+            ).values_list("stage_id", flat=True)
+        ) if open_stages else set()  # fmt: skip
     facts = {
         run.id: [
             (
@@ -821,6 +829,7 @@ def unsettled_runs(
                     thread_turn_in_flight=run.thread_id in busy_threads,
                     holder_gone=bool(s.holder) and holder_gone(s.holder),
                     due_at=s.due_at,
+                    awaiting_person=s.id in asking,
                 ),
             )
             for s in open_stages.get(run.id, [])
@@ -866,6 +875,7 @@ def unsettled_runs(
                 for ref, f in facts[run.id]
                 if (reason := why[ref[0]]) is not None
             ],
+            awaiting_person=any(f.awaiting_person for _, f in facts[run.id]),
         )
         for run in runs
     ]
@@ -896,4 +906,8 @@ def record_breach(run: Run, conclusion: StageConclusion, now: datetime) -> bool:
         return False
     abandoned = list(Stage.objects.filter(run=run, finished_at__isnull=True))
     close_stage(None, conclusion, now, run=run, abandoned=abandoned)
+    # A person asked about a call of an abandoned stage is no longer asked.
+    ToolApproval.objects.filter(stage__in=abandoned, state=ToolApproval.State.PENDING).update(
+        state=ToolApproval.State.EXPIRED, decided_at=now
+    )
     return True

@@ -32,9 +32,11 @@ from typing import Any
 
 import jsonschema
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
 from governance.models import ToolServer
+from governance.rules import approvals as approval_rules
 from governance.rules import tools as tool_rules
 from governance.rules.secrets import ENV_NAME, secret_query_name
 from governance.rules.segments import SURFACE_WILDCARD
@@ -56,8 +58,15 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 TIMEOUT_RANGE = (0.1, 600.0)
 SURFACE_MAX = 100
 TOOL_NAME_MAX = 200  # ToolReceipt.tool
+# Who must say yes before a call runs (rules.approvals).
+APPROVAL_FIELDS = ("approval", "approval_overrides", "approver_role", "approval_wait_s")
+APPROVAL_DEFAULTS = {
+    "approval": approval_rules.ApprovalPolicy.NEVER.value, "approval_overrides": {},
+    "approver_role": approval_rules.DEFAULT_APPROVER_ROLE,
+    "approval_wait_s": approval_rules.DEFAULT_WAIT.total_seconds(),
+}  # fmt: skip
 EDITABLE = ("enabled", "effect_overrides", "description", "timeout_s", "token_env", "verify_url",
-            "command", "args", "env_names", "cwd")  # fmt: skip
+            "command", "args", "env_names", "cwd", *APPROVAL_FIELDS)  # fmt: skip
 # What a stdio server runs; changing it is an admin's action (``run_tool_command``).
 LAUNCH_FIELDS = ("command", "args", "env_names", "cwd")
 MCP_KINDS = (ToolServer.Kind.MCP, ToolServer.Kind.MCP_STDIO)
@@ -85,6 +94,10 @@ class RegistryTool:
     effect_class: str
     schema_version: int
     annotations: dict[str, Any]
+    # Who must say yes first (rules.approvals): the policy, the role, the wait.
+    approval: str = approval_rules.ApprovalPolicy.NEVER.value
+    approver_role: str = approval_rules.DEFAULT_APPROVER_ROLE
+    approval_wait_s: float = approval_rules.DEFAULT_WAIT.total_seconds()
 
     @property
     def external(self) -> bool:
@@ -272,7 +285,36 @@ def _check(values: dict[str, Any], given: frozenset[str] | set[str]) -> dict[str
             )
     if not isinstance(values["enabled"], bool):
         raise ServiceError("enabled", "must be true or false")
+    _check_approval(values, kind, given)
     return values
+
+
+def _check_approval(values: dict[str, Any], kind: str, given: frozenset[str] | set[str]) -> None:
+    """The approval policy: known words, a role that exists (when it is
+    given: a group deleted later never blocks another change), a wait in range."""
+    policies = approval_rules.POLICIES
+    if values.get("approval") not in policies:
+        raise ServiceError("approval", f"one of {', '.join(policies)}")
+    overrides = values.get("approval_overrides") or {}
+    if kind == ToolServer.Kind.HTTP and overrides:
+        raise ServiceError("approval_overrides", "an http tool is one tool: set 'approval'")
+    if not isinstance(overrides, dict) or any(
+        not isinstance(k, str) or v not in policies for k, v in overrides.items()
+    ):
+        raise ServiceError(
+            "approval_overrides", f"an object of tool name to one of {', '.join(policies)}"
+        )
+    values["approval_overrides"] = overrides
+    role = values.get("approver_role")
+    if not isinstance(role, str) or (
+        "approver_role" in given and not Group.objects.filter(name=role).exists()
+    ):
+        known = ", ".join(Group.objects.order_by("name").values_list("name", flat=True))
+        raise ServiceError("approver_role", f"the name of a role ({known})")
+    wait = values.get("approval_wait_s")
+    low, high = approval_rules.WAIT_RANGE_S
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not low <= wait <= high:
+        raise ServiceError("approval_wait_s", f"seconds, from {low:g} to {high:g}")
 
 
 def checked_new_server(*, name: str, kind: str, url: str = "", **settings: Any) -> dict[str, Any]:
@@ -280,7 +322,8 @@ def checked_new_server(*, name: str, kind: str, url: str = "", **settings: Any) 
     without writing anything (``ServiceError`` naming the field; a taken
     name is ``ToolServerExists``)."""
     allowed = {"token_env", "method", "description", "parameters", "effect", "verify_url",
-               "timeout_s", "enabled", "effect_overrides", *LAUNCH_FIELDS}  # fmt: skip
+               "timeout_s", "enabled", "effect_overrides", *LAUNCH_FIELDS,
+               *APPROVAL_FIELDS}  # fmt: skip
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise ServiceError(unknown[0], "is not a tool setting")
@@ -292,9 +335,11 @@ def checked_new_server(*, name: str, kind: str, url: str = "", **settings: Any) 
         raise ServiceError("name", f"{name!r} is a built-in tool")
     if ToolServer.objects.filter(name=name).exists():
         raise ToolServerExists("name", f"a tool {name!r} exists already")
-    values = {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **settings,
-              "kind": kind, "url": url or ""}  # fmt: skip
-    values = _check(values, set(values))
+    values = {"timeout_s": 30.0, "enabled": True, "effect_overrides": {}, **APPROVAL_DEFAULTS,
+              **settings, "kind": kind, "url": url or ""}  # fmt: skip
+    # The default role is not judged: a database without the roles' groups still
+    # registers tools whose calls nobody is asked about.
+    values = _check(values, set(values) - (set(APPROVAL_DEFAULTS) - set(settings)))
     return {k: ("" if v is None and k != "parameters" else v) for k, v in values.items()}
 
 
@@ -368,6 +413,9 @@ def update_tool_server(
         strangers = sorted(set(overrides) - listed)
         if strangers and "effect_overrides" in changes:
             raise ServiceError("effect_overrides", f"{name} lists no tool named {strangers[0]!r}")
+        strangers = sorted(set(after.get("approval_overrides") or {}) - listed)
+        if strangers and "approval_overrides" in changes:
+            raise ServiceError("approval_overrides", f"{name} lists no tool named {strangers[0]!r}")
         changed = [f for f in EDITABLE if after[f] != before[f]]
         if not changed:
             return server, []
@@ -473,6 +521,8 @@ def _tool(server: ToolServer, listed: Mapping[str, Any] | None) -> RegistryTool:
             name=server.name, server=server.name, kind=server.kind, tool=server.name,
             description=server.description, parameters=server.parameters or {"type": "object"},
             effect_class=server.effect, schema_version=server.schema_version, annotations={},
+            approval=server.approval, approver_role=server.approver_role,
+            approval_wait_s=server.approval_wait_s,
         )  # fmt: skip
     assert listed is not None
     return RegistryTool(
@@ -487,6 +537,11 @@ def _tool(server: ToolServer, listed: Mapping[str, Any] | None) -> RegistryTool:
         ),
         schema_version=server.schema_version,
         annotations=dict(listed.get("annotations") or {}),
+        approval=approval_rules.policy_for(
+            server.approval, server.approval_overrides, listed["name"]
+        ).value,
+        approver_role=server.approver_role,
+        approval_wait_s=server.approval_wait_s,
     )
 
 

@@ -1,5 +1,9 @@
 """One tool call (R4.1, R5.2, R6.4).
 
+A call whose tool's policy asks for a person's approval waits for it first
+(``rules.approvals``): the exact call is recorded and the stage parked; a yes
+runs that call, a no or no answer is its result (R4.2).
+
 The receipt is written before the effect; a redelivery reads it back or, when
 an external effect may have happened, verifies it by key instead of replaying
 it (``rules.tools.receipt_step``). The call is admitted from the run's one
@@ -17,10 +21,11 @@ from typing import Any
 
 from governance import time_source
 from governance.models import Run, Stage
+from governance.rules import approvals as approval_rules
 from governance.rules import tools as tool_rules
 from governance.rules.run_clocks import attempt_allowance
+from governance.services import approvals, receipts, tool_servers
 from governance.services import budget as ledger
-from governance.services import receipts, tool_servers
 from governance.services import stages as stage_service
 from tasks import instrumentation as spans
 from tasks import registry_tools
@@ -34,6 +39,20 @@ def execute(run: Run, stage: Stage):
     key = tool_rules.tool_key(str(run.id), turn_stage, payload.index, call["id"])
     now = time_source.now()
     registry = None if call["name"] in TOOLS else tool_servers.registry_tool(call["name"])
+    approval = approvals.approval_of(key) if registry is not None else None
+    approval_step = approval_rules.approval_step(
+        registry is not None
+        and approval_rules.needs_approval(registry.approval, registry.effect_class),
+        approval.state if approval is not None else None,
+    )
+    if approval_step in ("ask", "wait"):
+        # The exact call is recorded and the stage parked: no worker waits for a person.
+        approvals.ask(run, stage, _call_to_approve(call, key, registry),
+                      reasoning=approvals.turn_reasoning(run), now=now)  # fmt: skip
+        return "awaiting approval", None
+    if approval is not None:
+        # A yes runs the recorded call: the arguments as the person saw them.
+        call = {**call, "arguments": approval.arguments}
     receipt, created = receipts.open_receipt(
         run, stage, tool=call["name"], key=key, arguments=call["arguments"],
         call_id=call["id"], now=now,
@@ -41,6 +60,13 @@ def execute(run: Run, stage: Stage):
         schema_version=registry.schema_version if registry else None,
         effect_class=registry.effect_class if registry else "",
     )  # fmt: skip
+    if approval is not None and created:
+        # Once per call (its receipt is written once): the person's wait, its own clock.
+        spans.record_approval_wait_span(
+            run.trace_context, run_id=str(run.id), stage_id=stage.id, tool=call["name"],
+            requested_at=approval.requested_at, decided_at=approval.decided_at or now,
+            answer=approval.state, decided_by=approval.decided_by,
+        )  # fmt: skip
     external = tool_rules.has_external_effect(call["name"], receipt.effect_class)
     step = tool_rules.receipt_step(
         None if created else receipt.effect,
@@ -54,6 +80,9 @@ def execute(run: Run, stage: Stage):
         close = False
     elif step == "verify":
         effect, output, error = "unknown", None, "a previous attempt may have run; verifying"
+    elif approval_step == "refused":
+        # A no, or no answer in time: the call's result, not the run's end (R4.2).
+        effect, output, error = "refused", None, approvals.refusal_words(approval)
     else:
         try:
             effect, output, error = _perform(run, stage, call, key, now, registry)
@@ -66,6 +95,15 @@ def execute(run: Run, stage: Stage):
         payload, effect=effect, output=output, error=error, key=key, close_receipt=close
     )
     return effect, stage_service.close_stage(stage, conclusion, now, run=run)
+
+
+def _call_to_approve(call, key: str, registry) -> approvals.CallToApprove:
+    return approvals.CallToApprove(
+        tool=call["name"], server=registry.server, effect_class=registry.effect_class,
+        annotations=registry.annotations, arguments=dict(call["arguments"]), key=key,
+        call_id=call["id"], policy=registry.approval, approver_role=registry.approver_role,
+        wait_s=registry.approval_wait_s,
+    )  # fmt: skip
 
 
 def _perform(run: Run, stage: Stage, call: dict, key: str, now, registry) -> tuple[str, Any, str]:

@@ -28,7 +28,7 @@ from governance import time_source
 from governance.rules import run_clocks
 from governance.rules.authority import FactKind
 from governance.rules.turns import conclude_breach, conclude_unwatchable
-from governance.services import broker
+from governance.services import approvals, broker
 from governance.services import stages as stage_service
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def watchdog_pass() -> dict[str, int]:
     broker_lost = bool(broker.broker_lost_messages())
     if broker_lost:
         log.warning("clock watchdog: the broker lost what it held; sending its stages again")
-    done = {"breached": 0, "republished": 0, "unwatchable": 0}
+    # Requests nobody answered in time: each call's result, and its run goes on.
+    done = {"breached": 0, "republished": 0, "unwatchable": 0, "expired": approvals.expire_due(now)}
     watched_runs = stage_service.unsettled_runs(
         now, resend_after=resend_after, broker_lost=broker_lost
     )
@@ -99,6 +100,7 @@ def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None
                 run_started_at=run.created_at,
                 last_progress_at=last_progress_at,
                 deadline_at=run.deadline_at,
+                awaiting_person=watched.awaiting_person,
             ),
             no_progress_limit=timedelta(seconds=run.no_progress_limit_s),
         )
@@ -109,7 +111,8 @@ def _watch(watched: stage_service.WatchedRun, now, done: dict[str, int]) -> None
             no_progress_reported=stage_service.has_fact(run, FactKind.NO_PROGRESS_TIMEOUT),
         )
     if verdict is not None and not watched.held:
-        if stage_service.record_breach(run, conclude_breach(verdict.name.value), now):
+        conclusion = conclude_breach(verdict.name.value, awaiting_person=watched.awaiting_person)
+        if stage_service.record_breach(run, conclusion, now):
             done["breached"] += 1
         return
     if watched.stale:

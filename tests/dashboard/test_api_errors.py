@@ -59,6 +59,8 @@ ENDPOINTS = {
     "api-run-acks": ("POST", True, True),
     "api-notifications": ("GET", False, True),
     "api-notification-ack": ("POST", False, True),
+    "api-approvals": ("GET", False, True),
+    "api-approval": ("GET, POST", True, True),
     "api-incidents": ("GET", False, True),
     "api-incident": ("GET", False, True),
     "api-incident-ack": ("POST", True, True),
@@ -127,6 +129,7 @@ def user(django_user_model):
                 "change_provider",
                 "change_toolserver",
                 "acknowledge_notification",
+                "decide_approval",
             ]
         )
     )
@@ -159,6 +162,7 @@ def api_urls(thread, run) -> dict[str, str]:
         "run_id": str(run.id),
         "notification_id": "1",
         "incident_id": "1",
+        "approval_id": "1",
         "provider_id": "p",
         "name": "files",
         "segment_key": quote(services.open_segment(thread).key, safe=""),

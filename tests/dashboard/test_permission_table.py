@@ -28,7 +28,9 @@ from governance.models import (
     Route,
     Run,
     Segment,
+    Stage,
     Thread,
+    ToolApproval,
     ToolServer,
     ViewerPreference,
 )
@@ -165,6 +167,17 @@ def someones_run(codename: str | None):
     return expect
 
 
+def decide_someones_call(actor: str):
+    """decide_approval, checked first; someone else's run is a 404 unless the
+    actor sees everything; then the tool's policy names the operator role (an
+    administrator is in every role), so on-call's answer is a 403."""
+    if not holds(actor, "decide_approval"):
+        return 403
+    if not holds(actor, "see_all_runs"):
+        return 404
+    return "ok" if actor in ("admin", "role:operator") else 403
+
+
 def door(actor: str):
     """use_openai_door (by role and scope) and submit_run (by role: a scoped
     token's user here is a superuser, whose role grants everything)."""
@@ -190,6 +203,7 @@ API_WRITES = {
     "ack notification": needs("acknowledge_notification"),
     "ack incident": needs("acknowledge_notification"),
     "resolve incident": needs("acknowledge_notification"),
+    "approve a call in someone's run": decide_someones_call,
     "add provider": needs("change_provider"),
     "change provider": needs("change_provider"),
     "add route": needs("change_provider"),
@@ -201,6 +215,8 @@ PAGE_WRITES = {
     "ack alert": needs("acknowledge_notification"),
     "ack incident": needs("acknowledge_notification"),
     "resolve incident": needs("acknowledge_notification"),
+    # The page lists every request (no ownership on the inbox); the policy's role decides.
+    "approve a call": lambda actor: "ok" if actor in ("admin", "role:operator") else 403,
     "force boundary": needs("apply_boundary"),
     "stop own run": lambda actor: "ok",
     "stop someone's run": someones_run("cancel_run"),
@@ -228,6 +244,7 @@ class World:
     their_run: Run
     notification: Notification
     incident: Incident
+    approval: ToolApproval  # a call in someone else's run, waiting for a person
 
 
 def make_actor(django_user_model, actor: str):
@@ -271,7 +288,15 @@ def make_world(user, someone) -> World:
         dedupe_key="n-1", severity="critical", text="frozen", segment=segment, created_at=now,
         incident=incident, leads_incident=True,
     )  # fmt: skip
-    return World(*made, notification, incident)
+    asking = Stage.objects.create(
+        run=made[3], seq=99, kind="tool_call", payload={}, enqueued_at=now, parked_at=now
+    )
+    approval = ToolApproval.objects.create(
+        run=made[3], stage=asking, tool="weather", arguments={"city": "Oslo"},
+        idempotency_key="k-approval", policy="always", approver_role="operator",
+        requested_at=now, expires_at=now + timedelta(hours=1),
+    )  # fmt: skip
+    return World(*made, notification, incident, approval)
 
 
 def written() -> tuple:
@@ -288,6 +313,7 @@ def written() -> tuple:
         sorted(ToolServer.objects.values_list("name", "enabled")),
         list(Notification.objects.values_list("acked_at", flat=True)),
         list(Incident.objects.values_list("state", flat=True)),
+        list(ToolApproval.objects.values_list("state", flat=True)),
         sorted(Run.objects.values_list("id", "cancel_requested_at")),
         sorted(BodyChunk.objects.values_list("id", "observed_at")),
     )
@@ -323,6 +349,9 @@ def api_calls(world: World) -> dict[str, tuple[str, str, dict | None]]:
         "ack notification": ("POST", f"/api/v1/notifications/{world.notification.id}/ack", None),
         "ack incident": ("POST", f"/api/v1/incidents/{world.incident.id}/ack", {"note": "n"}),
         "resolve incident": ("POST", f"/api/v1/incidents/{world.incident.id}/resolve", {}),
+        "approve a call in someone's run": (
+            "POST", f"/api/v1/approvals/{world.approval.id}", {"decision": "approve"},
+        ),
         "add provider": (
             "POST", "/api/v1/providers",
             {"provider_id": "p2", "kind": "scripted", "model": "m", "script": {}},
@@ -353,6 +382,7 @@ def page_request(client, world: World, action: str):
         "ack alert": (f"/alerts/{world.notification.id}/ack", {}),
         "ack incident": (f"/incidents/{world.incident.id}/ack", {"note": "n"}),
         "resolve incident": (f"/incidents/{world.incident.id}/resolve", {}),
+        "approve a call": (f"/approvals/{world.approval.id}/decide", {"decision": "approve"}),
         "force boundary": (
             f"/segments/{segment.id}/boundary",
             {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-page"},
@@ -399,7 +429,8 @@ def test_every_write_of_the_api_and_the_door_is_a_row_of_the_table():
     ids = {name: SimpleNamespace(id=uuid.uuid4()) for name in ("thread", "run", "their_thread")}
     fake = SimpleNamespace(**ids, their_run=SimpleNamespace(id=uuid.uuid4()),
                            notification=SimpleNamespace(id=1),
-                           incident=SimpleNamespace(id=1))  # fmt: skip
+                           incident=SimpleNamespace(id=1),
+                           approval=SimpleNamespace(id=1))  # fmt: skip
     rows = {(method, resolve(path).func) for method, path, _body in api_calls(fake).values()}
     assert set(api_calls(fake)) == set(API_WRITES)
     missing = [
