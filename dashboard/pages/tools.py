@@ -23,8 +23,9 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
@@ -34,8 +35,10 @@ from dashboard.queries.runs import duration_words
 from dashboard.queries.tools import tool_detail_json
 from dashboard.site import permissions
 from dashboard.site.permissions import MANAGE_TOOLS, RUN_TOOL_COMMAND
+from governance import time_source
 from governance.models import ToolProcess, ToolServer
-from governance.services import tool_import
+from governance.rules.approvals import wait_words
+from governance.services import tool_import, tool_registry
 from governance.services.errors import ServiceError
 from tasks.tools import TOOL_SPECS
 
@@ -152,9 +155,16 @@ def _state_counts(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _rows() -> list[dict[str, Any]]:
     rows = []
+    roles = _roles()
     for server in tools_query.servers():
         row = tool_detail_json(server)
         row["listed"] = _moment(row["listed_at"])
+        row["approval_form"] = ApprovalForm(
+            initial={"approval": row["approval"], "approver_role": row["approver_role"],
+                     "wait_minutes": round(row["approval_wait_s"] / 60)},
+            prefix=f"approval-{row['name']}", roles=roles,
+        )  # fmt: skip
+        row["approval_wait"] = wait_words(timedelta(seconds=row["approval_wait_s"]))
         if row["kind"] == ToolServer.Kind.MCP_STDIO:
             row["command_line"] = shlex.join([row["command"] or "", *row["args"]])
             row["process_rows"] = _process_rows(row["processes"])
@@ -204,6 +214,60 @@ def _page(
 @permissions.requires(GET=None)
 def tools(request: HttpRequest) -> HttpResponse:
     return _page(request)
+
+
+class ApprovalForm(forms.Form):
+    """Who must say yes before a call of this server's tools runs."""
+
+    approval = forms.ChoiceField(
+        label="Ask a person", choices=[
+            ("never", "never"), ("side_effects", "for side effects (calls not read-only)"),
+            ("always", "always"),
+        ],
+    )  # fmt: skip
+    approver_role = forms.ChoiceField(label="Who may answer", choices=())
+    wait_minutes = forms.IntegerField(
+        label="Wait (minutes)", min_value=1, max_value=7 * 24 * 60,
+        help_text="without an answer by then, the call is not made",
+    )  # fmt: skip
+    reason = forms.CharField(label="Why (kept in the audit log)", required=False, max_length=500)
+
+    def __init__(self, *args, roles: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["approver_role"].choices = [(name, name) for name in roles]
+
+
+def _roles() -> list[str]:
+    return list(Group.objects.order_by("name").values_list("name", flat=True))
+
+
+@login_required
+@permissions.requires(POST=MANAGE_TOOLS)
+def set_approval(request: HttpRequest, name: str) -> HttpResponse:
+    """The server's approval policy, audited; a refusal is said on the page."""
+    if not ToolServer.objects.filter(name=name).exists():
+        raise Http404("No such tool.")
+    form = ApprovalForm(request.POST, roles=_roles(), prefix=f"approval-{name}")
+    if not form.is_valid():
+        problems = "; ".join(
+            f"{form.fields[f].label}: {' '.join(e)}" for f, e in form.errors.items()
+        )
+        messages.error(request, f"{name}: nothing changed ({problems}).")
+        return redirect(f"{reverse('tools')}#tool-{name}")
+    data = form.cleaned_data
+    try:
+        _server, changed, _opened = tool_registry.update_server(
+            name, by=request.user.get_username(), now=time_source.now(), reason=data["reason"],
+            approval=data["approval"], approver_role=data["approver_role"],
+            approval_wait_s=float(data["wait_minutes"] * 60),
+        )  # fmt: skip
+    except ServiceError as exc:
+        messages.error(request, f"{name}: nothing changed ({exc.field}: {exc.message}).")
+    else:
+        messages.success(
+            request, f"{name}: approval policy saved." if changed else f"{name}: nothing changed."
+        )
+    return redirect(f"{reverse('tools')}#tool-{name}")
 
 
 def _registered(request: HttpRequest, server: ToolServer) -> None:

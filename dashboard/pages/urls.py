@@ -55,6 +55,7 @@ page_patterns = [
     ),
     path("tools/", tools.tools, name="tools"),
     path("tools/stdio", tools.register_stdio, name="tool-stdio"),
+    path("tools/<str:name>/approval", tools.set_approval, name="tool-approval"),
     path("tools/import", tools.import_preview, name="tool-import"),
     path("tools/import/register", tools.import_register, name="tool-import-register"),
     path("audit/", audit.audit_log, name="audit"),

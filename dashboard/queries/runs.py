@@ -38,6 +38,7 @@ from governance.models import (
     Run,
     SpanRecord,
     Stage,
+    ToolApproval,
     ToolReceipt,
 )
 from governance.rules.provider_failures import failure_label
@@ -45,6 +46,7 @@ from governance.rules.publication import DeliveryEvidence, PublicationError, del
 from governance.rules.run_clocks import deadline_reached
 from governance.services.deliveries import publication_of
 from tasks.instrumentation import (
+    APPROVAL_WAIT_SPAN_NAME,
     CLOCK_ATTRIBUTES,
     CLOCK_UNKNOWN,
     EXECUTION_SPAN_NAME,
@@ -364,6 +366,7 @@ class RunPage:
     receipts: list[ToolReceipt]
     chunks: list[BodyChunk]
     body: str
+    approvals: list[ToolApproval]  # the calls a person was asked about, and the answers
     delivery: DeliveryEvidence | None  # R7.3's reading of the chunks; None: unreadable
     duration: str
     deadline_passed: bool = False  # unsettled and past its overall deadline (R6.1)
@@ -430,6 +433,10 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         receipt.opened = moment(receipt.created_at, origin)
         receipt.finished = moment(receipt.finished_at, origin)
         receipt.verified = moment(receipt.verified_at, origin)
+    approvals = list(ToolApproval.objects.filter(run_id=run.id).order_by("requested_at", "id"))
+    for approval in approvals:
+        if approval.decided_at is not None:
+            approval.waited = duration_words(approval.decided_at - approval.requested_at)
     for chunk in chunks:
         chunk.generated = moment(chunk.generated_at, origin)
         chunk.committed = moment(chunk.committed_at, origin)
@@ -453,6 +460,7 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         receipts=receipts,
         chunks=chunks,
         body=facts.body,
+        approvals=approvals,
         delivery=_delivery_evidence(chunks),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
         deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),
@@ -713,6 +721,13 @@ def _span_words(
         return "run", "Run", ""
     if span.name == QUEUE_SPAN_NAME:
         return "queue", f"{stage_words} · queued", _clock_words(attrs)
+    if span.name == APPROVAL_WAIT_SPAN_NAME:
+        # R6.1: a person's wait, a clock of its own (no-progress did not run).
+        answer = str(attrs.get("governance.approval.answer") or "")
+        by = str(attrs.get("governance.approval.decided_by") or "")
+        tool = str(attrs.get("governance.tool") or "the call")
+        detail = f"{answer} by {by}" if by else (answer or "")
+        return "approval", f"{stage_words} · waiting for a person ({tool})", detail
     if span.name == EXECUTION_SPAN_NAME:
         detail = _clock_words(attrs)
         facts = stage_fact_words(

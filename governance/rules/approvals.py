@@ -148,7 +148,7 @@ def approval_notice(
         dedupe_key=f"approval:{key}",
         severity="normal",
         text=(
-            f"Approval needed: {tool} in run {run_id} waits for a {role}'s yes or no "
+            f"Approval needed: {tool} in run {run_id} waits for a yes or no from the {role} role "
             f"until {expires_at:%Y-%m-%d %H:%M} UTC; without an answer the call is not made."
         ),
         segment_key=segment_key,

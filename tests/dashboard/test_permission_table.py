@@ -217,6 +217,7 @@ PAGE_WRITES = {
     "resolve incident": needs("acknowledge_notification"),
     # The page lists every request (no ownership on the inbox); the policy's role decides.
     "approve a call": lambda actor: "ok" if actor in ("admin", "role:operator") else 403,
+    "tool approval policy": needs("change_toolserver"),
     "force boundary": needs("apply_boundary"),
     "stop own run": lambda actor: "ok",
     "stop someone's run": someones_run("cancel_run"),
@@ -310,7 +311,7 @@ def written() -> tuple:
         sorted(ViewerPreference.objects.values_list("user_id", "time_zone")),
         sorted(Provider.objects.values_list("provider_id", "enabled", "updated_at", "currency")),
         sorted(Route.objects.values_list("name", "enabled", "updated_at")),
-        sorted(ToolServer.objects.values_list("name", "enabled")),
+        sorted(ToolServer.objects.values_list("name", "enabled", "approval")),
         list(Notification.objects.values_list("acked_at", flat=True)),
         list(Incident.objects.values_list("state", flat=True)),
         list(ToolApproval.objects.values_list("state", flat=True)),
@@ -383,6 +384,11 @@ def page_request(client, world: World, action: str):
         "ack incident": (f"/incidents/{world.incident.id}/ack", {"note": "n"}),
         "resolve incident": (f"/incidents/{world.incident.id}/resolve", {}),
         "approve a call": (f"/approvals/{world.approval.id}/decide", {"decision": "approve"}),
+        "tool approval policy": (
+            "/tools/weather/approval",
+            {"approval-weather-approval": "always", "approval-weather-approver_role": "operator",
+             "approval-weather-wait_minutes": "60"},
+        ),
         "force boundary": (
             f"/segments/{segment.id}/boundary",
             {"kind": "fresh_start", "reason": "table", "idempotency_key": "k-page"},

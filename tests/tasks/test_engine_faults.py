@@ -94,7 +94,7 @@ def test_a_run_admitted_or_progressed_after_the_pass_read_the_clock_is_left_to_t
     _run, stage, _ = services.submit_run(thread, input="Hello", now=later)
     progressed, stage2, _ = services.submit_run(thread, input="Hi", now=manual_clock())
     Run.objects.filter(id=progressed.id).update(last_progress_at=later)
-    assert watchdog_pass() == {"breached": 0, "republished": 0, "unwatchable": 0}
+    assert watchdog_pass() == {"breached": 0, "republished": 0, "unwatchable": 0, "expired": 0}
     manual_clock.advance(seconds=0.001)  # the worker claims the stages afterwards
     assert run_stage(stage.id) == "accepted" and run_stage(stage2.id) == "accepted"
     outcomes = set(Run.objects.values_list("settlement__outcome", flat=True))
@@ -111,7 +111,7 @@ def test_a_run_whose_stored_limits_break_the_clock_rule_does_not_stop_the_watchd
     # Rows admitted before the bounds existed (timedelta(seconds=1e-320) is zero).
     Run.objects.filter(id=bad.id).update(no_progress_limit_s=1e-320)
     manual_clock.advance(seconds=61)
-    assert watchdog_pass() == {"breached": 1, "republished": 0, "unwatchable": 1}
+    assert watchdog_pass() == {"breached": 1, "republished": 0, "unwatchable": 1, "expired": 0}
     bad.refresh_from_db()
     late.refresh_from_db()
     assert bad.settlement.reason_code == "identity_invalid"
@@ -145,7 +145,7 @@ def test_r6_1_a_database_failure_under_one_run_is_not_that_runs_fact(
 
     deadlocked_once.raised = False
     monkeypatch.setattr(stage_service, "record_breach", deadlocked_once)
-    assert watchdog_pass() == {"breached": 1, "republished": 0, "unwatchable": 0}
+    assert watchdog_pass() == {"breached": 1, "republished": 0, "unwatchable": 0, "expired": 0}
     assert not Run.objects.filter(id=first.id, status=Run.Status.SETTLED).exists()
     assert Run.objects.get(id=second.id).settlement.reason_code == "deadline_exceeded"
     assert watchdog_pass()["breached"] == 1

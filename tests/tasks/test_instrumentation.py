@@ -466,7 +466,7 @@ class _SeeingSampler:
 
 
 def test_r6_1_every_governance_span_is_marked_from_its_start():
-    """R6.1: run, queue, execution, attempt and tool spans carry
+    """R6.1: run, queue, execution, attempt, tool and approval-wait spans carry
     governance.span.kind (a closed set) and the run id when they START, so the
     sampler and the span store decide by that mark, never by a name. The store
     keeps all of them but the queue span (the Stage row holds its interval)."""
@@ -507,6 +507,10 @@ def test_r6_1_every_governance_span_is_marked_from_its_start():
             with tool_span(tool="calculator", call_id="c-1", started_at=started) as tool:
                 tool.finish(started + timedelta(seconds=1), effect="succeeded")
             stage.end(started + timedelta(seconds=2))
+        instrumentation.record_approval_wait_span(
+            carrier, run_id=RUN_ID, stage_id="st-2", tool="notify", requested_at=started,
+            decided_at=started + timedelta(minutes=3), answer="approved", decided_by="olga",
+        )  # fmt: skip
         end_run_span(carrier, run_id=RUN_ID, started_at=T0, ended_at=T0 + timedelta(seconds=4))
         with instrumentation.get_tracer().start_as_current_span("SELECT"):
             pass
@@ -520,6 +524,7 @@ def test_r6_1_every_governance_span_is_marked_from_its_start():
         "governance.stage.execution": "stage.execution",
         "chat m": "attempt",
         "execute_tool calculator": "tool",
+        "governance.approval.wait": "approval.wait",
     }
     assert set(expected.values()) == GOVERNANCE_SPAN_KINDS
     assert QUEUE_KIND == "stage.queue"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -35,6 +36,7 @@ from dashboard.management.text_table import text_table
 from dashboard.queries import tools as tools_query
 from governance import time_source
 from governance.models import ToolServer
+from governance.rules import approvals as approval_rules
 from governance.services import ServiceError, tool_import, tool_registry, tool_servers
 
 ACTOR = "manage.py tool"
@@ -43,6 +45,9 @@ OPTIONS = {
     "parameters": "--parameters",
     "verify_url": "--verify-url",
     "timeout_s": "--timeout",
+    "approval_overrides": "--tool",
+    "approver_role": "--role",
+    "approval_wait_s": "--wait",
     "env_names": "--env",
     "args": "--arg",
 }
@@ -187,6 +192,15 @@ class Command(BaseCommand):
             sub.add_argument("--reason", default="", help="kept in the audit log")
         sub = actions.add_parser("refresh", help="list an MCP server's tools again")
         sub.add_argument("name")
+        sub = actions.add_parser(
+            "approval", help="who must say yes before a call runs (never/side_effects/always)"
+        )
+        sub.add_argument("name")
+        sub.add_argument("policy", choices=approval_rules.POLICIES)
+        sub.add_argument("--tool", help="one tool of an MCP server (else the whole server)")
+        sub.add_argument("--role", help="the role whose members may answer (default operator)")
+        sub.add_argument("--wait", type=float, metavar="SECONDS", help="how long a request waits")
+        sub.add_argument("--reason", default="", help="kept in the audit log")
 
     def handle(self, *args, action, **options):
         try:
@@ -199,6 +213,8 @@ class Command(BaseCommand):
                 self.stdout.write(table(rows) if rows else "no tools registered")
             elif action == "refresh":
                 self._refresh(options["name"])
+            elif action == "approval":
+                self._approval(options)
             else:
                 self._enable(options["name"], action == "enable", options["reason"])
         except tool_import.ImportRefused as exc:
@@ -288,6 +304,31 @@ class Command(BaseCommand):
             return ToolServer.objects.get(name=name)
         except ToolServer.DoesNotExist:
             raise CommandError(f"no tool {name!r}") from None
+
+    def _approval(self, options) -> None:
+        server = self._get(options["name"])
+        changes: dict = {}
+        if options["tool"]:
+            overrides = dict(server.approval_overrides or {})
+            overrides[options["tool"]] = options["policy"]
+            changes["approval_overrides"] = overrides
+        else:
+            changes["approval"] = options["policy"]
+        if options["role"]:
+            changes["approver_role"] = options["role"]
+        if options["wait"] is not None:
+            changes["approval_wait_s"] = options["wait"]
+        server, changed, _opened = tool_registry.update_server(
+            server.name, by=ACTOR, now=time_source.now(), reason=options["reason"], **changes
+        )
+        what = f"{server.name}.{options['tool']}" if options["tool"] else server.name
+        if not changed:
+            self.stdout.write(f"{what}: unchanged")
+            return
+        self.stdout.write(
+            f"{what}: approval {options['policy']}, answered by {server.approver_role} "
+            f"within {approval_rules.wait_words(timedelta(seconds=server.approval_wait_s))}"
+        )
 
     def _enable(self, name: str, enabled: bool, reason: str) -> None:
         self._get(name)
