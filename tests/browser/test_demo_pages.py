@@ -51,7 +51,7 @@ def every_page() -> list[str]:
         "/", "/incidents/", f"/incidents/{incident.id}/", "/alerts/", "/segments/",
         f"/segments/{segment.id}/", "/runs/", f"/runs/{run.id}/", f"/runs/{run.id}/watch",
         "/providers/", "/tools/", "/insights/", "/reports/delivery/", "/audit/",
-        "/docs/api/", "/tokens/", "/me/time-zone",
+        "/docs/api/", "/tokens/", "/me/time-zone", "/approvals/",
     ]  # fmt: skip
 
 
