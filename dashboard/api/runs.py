@@ -33,6 +33,7 @@ from governance.models import (
     Settlement,
     Thread,
 )
+from governance.rules.approvals import stage_awaits_person
 from governance.rules.cost import AttemptCost, attempt_cost, summarize_costs
 from governance.services import statements as sql
 from governance.services.broker import publish
@@ -57,6 +58,10 @@ def run_answer(facts: RunFacts) -> dict[str, Any]:
         "segment": run.segment.key,
         "status": run.status,
         "phase": run.phase,
+        # One of its calls waits for a person's yes or no (GET /api/v1/approvals).
+        "awaiting_approval": any(
+            stage_awaits_person(s.kind, s.parked_at, s.finished_at) for s in facts.stages
+        ),
         "input": run.input,
         # The name of the API token that submitted it (None: not by a token).
         "client": run.client_name or None,

@@ -250,6 +250,9 @@ class RunAnswer(Answer):
     segment: str
     status: str
     phase: str
+    awaiting_approval: bool = Field(
+        description="one of its calls waits for a person's yes or no (GET /api/v1/approvals)"
+    )
     input: str
     client: str | None = Field(
         description="the name of the API token that submitted the run (the run API or the"

@@ -41,6 +41,7 @@ from governance.models import (
     ToolApproval,
     ToolReceipt,
 )
+from governance.rules.approvals import stage_awaits_person
 from governance.rules.provider_failures import failure_label
 from governance.rules.publication import DeliveryEvidence, PublicationError, delivery_evidence
 from governance.rules.run_clocks import deadline_reached
@@ -370,6 +371,7 @@ class RunPage:
     delivery: DeliveryEvidence | None  # R7.3's reading of the chunks; None: unreadable
     duration: str
     deadline_passed: bool = False  # unsettled and past its overall deadline (R6.1)
+    awaiting_approval: bool = False  # one of its calls waits for a person now
     # What became of the API token that submitted it (its name is on the run):
     # "" (still active, or no token), "revoked" or "deleted".
     client_token_state: str = ""
@@ -461,6 +463,9 @@ def run_page(run_id: uuid.UUID, now: datetime) -> RunPage:
         chunks=chunks,
         body=facts.body,
         approvals=approvals,
+        awaiting_approval=any(
+            stage_awaits_person(s.kind, s.parked_at, s.finished_at) for s in stages
+        ),
         delivery=_delivery_evidence(chunks),
         duration=duration_words(max(end - run.created_at, timedelta(0))),
         deadline_passed=settlement is None and deadline_reached(now, run.deadline_at),

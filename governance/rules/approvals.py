@@ -133,6 +133,15 @@ def decision_refusal(facts: DecisionFacts, now: datetime) -> tuple[int, str] | N
     return None
 
 
+def stage_awaits_person(
+    kind: str, parked_at: datetime | None, finished_at: datetime | None
+) -> bool:
+    """A tool call parked and not finished waits for a person's answer (only
+    an approval request parks a tool call; a model turn parks behind its
+    thread's turn in flight)."""
+    return kind == "tool_call" and parked_at is not None and finished_at is None
+
+
 def expired(state: ApprovalState | str, expires_at: datetime, now: datetime) -> bool:
     """A pending request nobody answered within its wait."""
     return ApprovalState(state) is ApprovalState.PENDING and now >= expires_at

@@ -145,3 +145,50 @@ def test_the_run_page_says_who_decided_what(client, operator_user, request_waiti
     page = body_of(client.get(reverse("run", args=[request_waiting.run_id])))
     assert 'id="approvals-h">Approvals' in page
     assert "Denied by <strong>olga-operator</strong>" in page and "wrong channel" in page
+
+
+def test_the_run_page_says_it_waits_and_draws_the_wait(client, operator_user, request_waiting):
+    from governance.models import SpanRecord
+
+    client.force_login(operator_user)
+    page = body_of(client.get(reverse("run", args=[request_waiting.run_id])))
+    assert "waiting for a person's approval" in page
+    assert "Waits for someone in the operator role until" in page
+    start = request_waiting.requested_at
+    for name, kind, attrs, end in (
+        ("governance.run", "run", {}, start + timedelta(minutes=5)),
+        ("governance.approval.wait", "approval.wait",
+         {"governance.stage_id": str(request_waiting.stage_id), "governance.tool": "notify",
+          "governance.approval.answer": "approved", "governance.approval.decided_by": "olga"},
+         start + timedelta(minutes=3)),
+    ):  # fmt: skip
+        SpanRecord.objects.create(
+            trace_id="t" * 32, span_id=kind[:16].ljust(16, "0"), name=name, start=start, end=end,
+            attributes={"governance.span.kind": kind, "governance.run_id": str(
+                request_waiting.run_id), **attrs},
+            run_id=request_waiting.run_id,
+        )  # fmt: skip
+    page = body_of(client.get(reverse("run", args=[request_waiting.run_id])))
+    assert "stage 9 · tool call · waiting for a person (notify)" in page
+    assert "approved by olga" in page and "wf-approval" in page
+
+
+def test_the_api_answers_unknown_and_malformed_requests_with_404_and_400(
+    client, operator_user, request_waiting
+):
+    from governance.models import ApiToken
+    from governance.services.tokens import token_digest
+
+    ApiToken.objects.create(user=operator_user, name="t", key_digest=token_digest("op-token-1"))
+    auth = {"Authorization": "Bearer op-token-1"}
+    for path in ("/api/v1/approvals/999999", "/api/v1/approvals/abc"):
+        assert client.get(path, headers=auth).status_code == 404
+        assert client.post(path, {"decision": "approve"}, content_type="application/json",
+                           headers=auth).status_code == 404  # fmt: skip
+    bad = client.post(f"/api/v1/approvals/{request_waiting.id}", {"decision": "maybe"},
+                      content_type="application/json", headers=auth)  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "decision"
+    request_waiting.refresh_from_db()
+    assert request_waiting.state == "pending"
+    listed = client.get("/api/v1/approvals?state=all", headers=auth).json()
+    assert [item["id"] for item in listed["items"]] == [request_waiting.id]

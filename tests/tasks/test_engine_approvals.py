@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Group, Permission
 
-from governance.models import AuditEntry, Run, Stage, ToolApproval, ToolReceipt
+from governance.models import AuditEntry, Notification, Run, Stage, ToolApproval, ToolReceipt
 from governance.roles import ensure_roles
 from governance.services import approvals as approval_service
 from governance.services.tokens import token_digest
@@ -101,6 +101,10 @@ def test_yes_runs_exactly_the_recorded_call_once_and_the_run_completes(
     request = waiting_request(run_id)
     assert sends(tool_server) == []  # nothing runs before a person's yes
     assert Run.objects.get(id=run_id).status == Run.Status.RUNNING
+    assert api.get(f"/api/v1/runs/{run_id}").json()["awaiting_approval"] is True
+    # The channels hear of it: one notice per recorded call (R3.6).
+    notice = Notification.objects.get(dedupe_key=f"approval:{request.idempotency_key}")
+    assert notice.severity == "normal" and "notify" in notice.text
     listed = approver.get("/api/v1/approvals").json()["items"]
     assert [item["id"] for item in listed] == [request.id]
     assert listed[0]["arguments"] == {"to": "ops"} and listed[0]["waiting"] is True
@@ -112,7 +116,7 @@ def test_yes_runs_exactly_the_recorded_call_once_and_the_run_completes(
     ).json()
     assert decided["state"] == "approved" and decided["decided_by"] == "olga-operator"
     run = api.wait(run_id)
-    assert run["settlement"]["outcome"] == "completed"
+    assert run["settlement"]["outcome"] == "completed" and run["awaiting_approval"] is False
     (sent,) = sends(tool_server)
     assert sent["body"] == {"to": "ops"}
     assert sent["headers"]["Idempotency-Key"] == request.idempotency_key
