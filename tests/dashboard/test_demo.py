@@ -31,6 +31,7 @@ from governance.models import (
     SpanRecord,
     Stage,
     Thread,
+    ToolApproval,
     ToolReceipt,
 )
 from tasks import celery_app
@@ -67,7 +68,11 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert len({tuple(t.tool_surface) for t in threads}) >= 3
     runs = Run.objects.filter(thread__in=threads)
     assert runs.count() >= 20
-    assert not runs.exclude(status=Run.Status.SETTLED).exists()
+    # Every run settled but one: its call waits for an operator's yes in Approvals.
+    (waiting,) = runs.exclude(status=Run.Status.SETTLED)
+    request = ToolApproval.objects.get(run=waiting, state="pending")
+    assert request.tool == "ops-notify" and request.arguments["headline"] == "Release 4.2 is live"
+    assert request.approver_role == "operator"
 
     # Someone is paged: the demo's channel goes to the web's own demo pager (R8.2),
     # and the demo's frozen segments are incidents needing a person.
@@ -81,7 +86,9 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert ProviderAttempt.objects.filter(kind="fallback").exists()
     assert RunEvent.objects.filter(kind="llm-fallback").count() >= 5
     assert Stage.objects.filter(kind="tool_call").exists()
-    assert not Stage.objects.filter(finished_at__isnull=True).exists()
+    # Every stage finished but the call parked for a person's answer.
+    (parked,) = Stage.objects.filter(finished_at__isnull=True)
+    assert parked.kind == "tool_call" and parked.parked_at is not None
     if span_store_enabled():
         assert SpanRecord.objects.filter(run_id__in=runs.values("id")).exists()
 
@@ -236,7 +243,9 @@ def test_demo_seeds_the_scenario_through_the_engine(var_dir):
     assert "Demo round 2" in output
     assert Thread.objects.count() == 2 * threads
     assert Run.objects.count() > runs
-    assert not Run.objects.exclude(status=Run.Status.SETTLED).exists()
+    # Each round leaves one call waiting for a person.
+    assert Run.objects.exclude(status=Run.Status.SETTLED).count() == 2
+    assert ToolApproval.objects.filter(state="pending").count() == 2
     # The new round has its own refusal storm, frozen again.
     second = services.open_segment(Thread.objects.get(title="demo: incident cost review (round 2)"))
     assert SegmentRefusal.objects.get(segment=second, provider_id="demo-sentinel").refusals == 4

@@ -69,12 +69,17 @@ from governance.models import (
     Settlement,
     Stage,
     Thread,
+    ToolServer,
 )
 from governance.roles import ensure_roles
+from governance.services import tool_servers
 
 TITLE_PREFIX = "demo:"
 DEMO_PAGER_CHANNEL = "demo pager (local sink)"
 SCENARIO_HOURS = 9
+# An HTTP tool whose every call a person approves (the Approvals page): it posts
+# to the web's own demo pager, so an approved call succeeds under `make run`.
+DEMO_APPROVAL_TOOL = "ops-notify"
 
 # (username, group): passwords are random per machine and kept in var/.
 DEMO_USERS = (
@@ -350,6 +355,29 @@ def provider_scripts(round_no: int, webhook_url: str) -> dict[str, tuple[str, di
             "atlas-writer",
             {
                 "rules": [
+                    # Release notes go to the operations channel: a call a person approves.
+                    _rule(
+                        "tool_call",
+                        {
+                            "name": DEMO_APPROVAL_TOOL,
+                            "arguments": {
+                                "headline": "Release 4.2 is live",
+                                "url": "https://status.example/releases/4.2",
+                            },
+                            "text": "I will tell the operations channel that release 4.2 is live.",
+                        },
+                        when={"last_role_not": "tool", "has_tool": DEMO_APPROVAL_TOOL},
+                        delay_s=0.8,
+                    ),
+                    _rule(
+                        "answer",
+                        {
+                            "text": "Done: the operations channel was told ({last_message}).",
+                            "chunks": 1,
+                        },
+                        when={"last_role": "tool", "has_tool": DEMO_APPROVAL_TOOL},
+                        delay_s=0.5,
+                    ),
                     _rule(
                         "stall",
                         {"text": "Draft: the platform team shipped"},
@@ -683,6 +711,16 @@ class Scenario:
             [],
             "You write long-form reports for the leadership team.",
         )
+        releases = (
+            self.thread(
+                "release announcements",
+                ["demo-atlas"],
+                [DEMO_APPROVAL_TOOL],
+                "You announce releases to the operations channel.",
+            )
+            if ToolServer.objects.filter(name=DEMO_APPROVAL_TOOL).exists()
+            else None
+        )
         # Support and onboarding answers are read live by the staff who asked.
         self.read_live = {support.id, onboarding.id}
         # Delivery: streamed answers with callbacks to three kinds of receiver.
@@ -861,6 +899,11 @@ class Scenario:
             deadline_s=90,
             stage_budget_s=120,
         )
+        if releases is not None:
+            # 08:58 a call waits for an operator's yes in Approvals (its run has
+            # four hours; without an answer within one, the call is not made).
+            self.at(hours=8, minutes=58)
+            self.run(releases, "Tell ops that release 4.2 is live.", deadline_s=4 * 3600)
 
 
 # --------------------------------------------------------------------------- the command
@@ -905,6 +948,20 @@ class Command(BaseCommand):
                     "target": settings.GOVERNANCE_DASHBOARD_URL.rstrip("/") + reverse("demo-pager"),
                 },
             )
+        if (
+            settings.GOVERNANCE_DEMO_PAGER
+            and not ToolServer.objects.filter(name=DEMO_APPROVAL_TOOL).exists()
+        ):
+            tool_servers.create_tool_server(
+                name=DEMO_APPROVAL_TOOL, kind="http", by="manage.py demo",
+                now=datetime.now(UTC), reason="the demo's approval example",
+                url=settings.GOVERNANCE_DASHBOARD_URL.rstrip("/") + reverse("demo-pager"),
+                method="POST", description="Post a release note to the operations channel",
+                parameters={"type": "object", "required": ["headline"],
+                            "properties": {"headline": {"type": "string"},
+                                           "url": {"type": "string"}}},
+                effect="external_effect", approval="always",
+            )  # fmt: skip
         real_now = datetime.now(UTC).replace(microsecond=0)
         start = real_now - timedelta(hours=SCENARIO_HOURS)
         before = set(Run.objects.values_list("id", flat=True))
