@@ -230,7 +230,7 @@ class ApprovalForm(forms.Form):
         label="Wait (minutes)", min_value=1, max_value=7 * 24 * 60,
         help_text="without an answer by then, the call is not made",
     )  # fmt: skip
-    reason = forms.CharField(label="Why (kept in the audit log)", required=False, max_length=500)
+    reason = forms.CharField(label="Why this policy (audited)", required=False, max_length=500)
 
     def __init__(self, *args, roles: list[str], **kwargs):
         super().__init__(*args, **kwargs)

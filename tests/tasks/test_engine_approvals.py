@@ -252,3 +252,18 @@ def test_the_deadline_runs_while_a_person_is_asked(
         approver.post(f"/api/v1/approvals/{request.id}", {"decision": "approve"}).status_code == 409
     )
     assert sends(tool_server) == []
+
+
+def test_a_stop_while_a_person_is_asked_settles_the_run_and_closes_the_request(
+    api, approver, worker, manual_clock, notify, tool_server
+):
+    """R7.1: only an explicit stop cancels, and it does not wait for the person."""
+    run_id = submit(api, notify)
+    request = waiting_request(run_id)
+    api.post(f"/api/v1/runs/{run_id}/cancel", expect=202)
+    run = api.wait(run_id)
+    assert run["settlement"]["outcome"] == "cancelled"
+    assert approver.get("/api/v1/approvals").json()["items"] == []  # nothing waits
+    late = approver.post(f"/api/v1/approvals/{request.id}", {"decision": "approve"})
+    assert late.status_code == 409 and "settled" in late.json()["error"]["message"]
+    assert sends(tool_server) == []
