@@ -51,11 +51,13 @@ def _cards(rows):
 @login_required
 @permissions.requires(GET=None)
 def approvals(request: HttpRequest) -> HttpResponse:
-    """What waits for a person first; the latest answers below."""
-    waiting = list(_cards(queries.waiting(queries.approvals()).order_by("expires_at", "id")))
-    decided = Paginator(
-        queries.approvals().exclude(id__in=[a.id for a in waiting]), PER_PAGE
-    ).get_page(request.GET.get("page"))
+    """What waits for a person first; the latest answers below. A service
+    account's user sees its own runs' requests only, as on the runs pages."""
+    rows = permissions.visible(queries.approvals(), request.user, owner="run__owner")
+    waiting = list(_cards(queries.waiting(rows).order_by("expires_at", "id")))
+    decided = Paginator(rows.exclude(id__in=[a.id for a in waiting]), PER_PAGE).get_page(
+        request.GET.get("page")
+    )
     context = {
         "waiting": waiting,
         "decided": decided,
@@ -75,7 +77,8 @@ def approvals(request: HttpRequest) -> HttpResponse:
 def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     """Yes or no; the page says what counted (and, refused, the decision that stands)."""
     form = DecisionForm(request.POST)
-    if not ToolApproval.objects.filter(id=approval_id).exists():
+    rows = permissions.visible(ToolApproval.objects.all(), request.user, owner="run__owner")
+    if not rows.filter(id=approval_id).exists():
         raise Http404("No such approval request.")
     if not form.is_valid():
         messages.error(request, "Choose approve or deny.")
@@ -110,7 +113,8 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
 def waiting_count(request: HttpRequest) -> HttpResponse:
     """The nav's count of calls waiting for a person: loaded after the page and
     polled, so no page pays a query for it."""
-    count = queries.waiting(ToolApproval.objects.all()).count()
+    rows = permissions.visible(ToolApproval.objects.all(), request.user, owner="run__owner")
+    count = queries.waiting(rows).count()
     response = render(request, "approvals/_nav_count.html", {"waiting": count, "loaded": True})
     patch_vary_headers(response, ("HX-Request",))
     return response

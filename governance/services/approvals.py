@@ -101,21 +101,19 @@ def decide(approval_id: int, *, decision: str, reason: str, user, now: datetime)
         approval = (
             ToolApproval.objects.select_for_update().select_related("run").get(id=approval_id)
         )
-        refused = rules.decision_refusal(
-            rules.DecisionFacts(
-                state=approval.state,
-                expires_at=approval.expires_at,
-                approver_in_role=user.is_superuser
-                or user.groups.filter(name=approval.approver_role).exists(),
-                approver_submitted_run=approval.run.owner_id == user.pk,
-                four_eyes=settings.GOVERNANCE_APPROVAL_FOUR_EYES,
-                run_settled=approval.run.status == Run.Status.SETTLED,
-            ),
-            now,
+        facts = rules.DecisionFacts(
+            state=approval.state,
+            expires_at=approval.expires_at,
+            approver_in_role=user.is_superuser
+            or user.groups.filter(name=approval.approver_role).exists(),
+            approver_submitted_run=approval.run.owner_id == user.pk,
+            four_eyes=settings.GOVERNANCE_APPROVAL_FOUR_EYES,
+            run_settled=approval.run.status == Run.Status.SETTLED,
         )
+        refused = rules.decision_refusal(facts, now)
         if refused is not None:
             status, words = refused
-            if status == 403 and not user.is_superuser:
+            if status == 403 and not facts.approver_in_role:
                 words += f" ({approval.approver_role})"
             raise ApprovalRefused(status, words, approval)
         approval.state = (
@@ -156,13 +154,14 @@ def expire_due(now: datetime) -> int:
 def _resume(approval: ToolApproval, now: datetime) -> None:
     """The stage goes again once this commits; the no-progress clock starts
     again now (it did not run while a person was asked, R6.1)."""
-    mark_progress(approval.run, now)
     # Sent again now: its queue and execution clocks start here, the person's
-    # wait (requested_at to decided_at) is a clock of its own.
-    Stage.objects.filter(id=approval.stage_id, finished_at__isnull=True).update(
+    # wait (requested_at to decided_at) is a clock of its own. A stage already
+    # closed (its run was stopped meanwhile) has nothing to resume.
+    if Stage.objects.filter(id=approval.stage_id, finished_at__isnull=True).update(
         parked_at=None, enqueued_at=now, started_at=None
-    )
-    publish([(approval.stage_id, Stage.Kind.TOOL_CALL)])
+    ):
+        mark_progress(approval.run, now)
+        publish([(approval.stage_id, Stage.Kind.TOOL_CALL)])
 
 
 def turn_reasoning(run: Run) -> str:
@@ -173,15 +172,6 @@ def turn_reasoning(run: Run) -> str:
         .values_list("content", flat=True)
         .first()
         or ""
-    )
-
-
-def open_for(run_ids) -> set[int]:
-    """The stages of these runs that wait for a person's answer."""
-    return set(
-        ToolApproval.objects.filter(
-            run_id__in=run_ids, state=ToolApproval.State.PENDING
-        ).values_list("stage_id", flat=True)
     )
 
 

@@ -192,3 +192,15 @@ def test_the_api_answers_unknown_and_malformed_requests_with_404_and_400(
     assert request_waiting.state == "pending"
     listed = client.get("/api/v1/approvals?state=all", headers=auth).json()
     assert [item["id"] for item in listed["items"]] == [request_waiting.id]
+
+
+def test_a_service_accounts_user_sees_its_own_runs_requests_only(
+    client, request_waiting, make_user, django_user_model
+):
+    stranger = make_user("other-agent", "agent-client")
+    client.force_login(stranger)
+    page = body_of(client.get(reverse("approvals")))
+    assert "Waiting for a person (0)" in page and "run:k:1" not in page
+    assert 'data-waiting="0"' in body_of(client.get(reverse("approvals-waiting")))
+    client.force_login(django_user_model.objects.get(username="agent"))
+    assert "run:k:1" in body_of(client.get(reverse("approvals")))
