@@ -50,3 +50,8 @@ echo "services: PostgreSQL and Redis are up"
 if [ ! -x /usr/bin/chromium ]; then
   apt_install chromium
 fi
+
+# The metrics tests scrape GET /metrics with Debian's Prometheus.
+if ! command -v prometheus >/dev/null 2>&1; then
+  apt_install prometheus
+fi

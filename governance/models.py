@@ -472,6 +472,12 @@ class Stage(models.Model):
                 name="stage_finished",
                 condition=Q(finished_at__isnull=False),
             ),
+            # /metrics: the stages waiting for a worker, by kind, and the oldest.
+            models.Index(
+                fields=["kind", "enqueued_at"],
+                name="stage_waiting",
+                condition=Q(finished_at__isnull=True, started_at__isnull=True),
+            ),
         ]
 
     @property
@@ -742,6 +748,14 @@ class ToolReceipt(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            # /metrics: the effects still unknown and not verified (R6.4).
+            models.Index(
+                fields=["effect"],
+                name="receipt_unknown",
+                condition=Q(effect="unknown", verified_at__isnull=True),
+            ),
+        ]
 
 
 class ToolApproval(models.Model):

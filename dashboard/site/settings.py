@@ -405,6 +405,25 @@ RUN_DEFAULT_BUDGET = {
     "output_reserve": env_int("GOVERNANCE_BUDGET_OUTPUT_RESERVE", 2, minimum=0),
 }
 
+# --- Prometheus (GET /metrics; dashboard/site/metrics.py) ---
+# A scrape sends this bearer token, or comes from an address listed below.
+GOVERNANCE_METRICS_TOKEN = env_secret("GOVERNANCE_METRICS_TOKEN", required=False)
+
+
+def _metrics_allow():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from governance.rules.outbound import parse_allow_list
+
+    default = ["127.0.0.0/8", "::1"] if DEBUG else []
+    try:
+        return parse_allow_list(env_list("GOVERNANCE_METRICS_ALLOW", default))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"GOVERNANCE_METRICS_ALLOW: {exc}") from None
+
+
+GOVERNANCE_METRICS_ALLOW = _metrics_allow()
+
 # --- Approvals of tool calls (governance/rules/approvals.py) ---
 # Four eyes: nobody approves or denies a call in a run they submitted themselves.
 GOVERNANCE_APPROVAL_FOUR_EYES = env_bool("GOVERNANCE_APPROVAL_FOUR_EYES", False)

@@ -9,7 +9,7 @@ from django.urls import path
 from dashboard.api.urls import api_patterns
 from dashboard.openai.urls import openai_patterns
 from dashboard.pages.urls import page_patterns
-from dashboard.site import permissions
+from dashboard.site import metrics, permissions
 
 
 def favicon(request: HttpRequest) -> HttpResponseRedirect:
@@ -21,6 +21,7 @@ def favicon(request: HttpRequest) -> HttpResponseRedirect:
 urlpatterns = [
     *page_patterns,
     path("favicon.ico", permissions.requires(GET=permissions.ANYONE)(favicon)),
+    path("metrics", metrics.metrics, name="metrics"),
     path(
         "login/",
         permissions.requires(GET=permissions.ANYONE, POST=permissions.ANYONE)(
