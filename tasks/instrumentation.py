@@ -59,6 +59,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tasks import work_metrics
+
 logger = logging.getLogger(__name__)
 
 INSTRUMENTATION_NAME = "governance"
@@ -653,9 +655,10 @@ def _current(span, handle, started_at: datetime) -> Iterator[None]:
 class AttemptSpan:
     """Handle of one provider attempt (a GenAI ``chat`` client span)."""
 
-    def __init__(self, span: trace.Span, started_at: datetime) -> None:
+    def __init__(self, span: trace.Span, started_at: datetime, provider_id: str = "") -> None:
         self.span = span
         self.started_at = started_at
+        self.provider_id = provider_id
         self.ended = False
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
@@ -677,6 +680,7 @@ class AttemptSpan:
         self.span.set_attributes(attrs)
         self.ended = True
         self.span.end(end_time=_ns(max(ended_at, self.started_at)))
+        work_metrics.attempt(self.provider_id, str(failure or ""))
 
 
 def _attempt_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -716,7 +720,7 @@ def attempt_span(
     span = get_tracer().start_span(
         f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs, start_time=_ns(started_at)
     )
-    handle = AttemptSpan(span, started_at)
+    handle = AttemptSpan(span, started_at, str(provider_id))
     with _current(span, handle, started_at):
         yield handle
 
@@ -752,6 +756,7 @@ class ToolSpan:
         self.span.set_attributes(attrs)
         self.ended = True
         self.span.end(end_time=_ns(max(ended_at, self.started_at)))
+        work_metrics.tool_call(str(effect_words or ""))
 
 
 TOOL_ERROR_EFFECTS = frozenset({"failed", "refused"})
@@ -843,6 +848,7 @@ def count(name: str, amount: int = 1, **attributes: Any) -> None:
     if amount < 0:
         raise ValueError("counters only go up")
     _instrument(full).add(amount, otel_attributes(attributes))
+    work_metrics.count(full, amount, attributes)
 
 
 def observe_clocks(stage_kind: Any, clocks_ms: Mapping[str, Any] | Any, **attributes: Any) -> None:
@@ -853,6 +859,9 @@ def observe_clocks(stage_kind: Any, clocks_ms: Mapping[str, Any] | Any, **attrib
         value = clocks.get(_CLOCK_NAME[key])
         if value is not None and value >= 0:
             _instrument(name).record(value, attrs)
+    if isinstance(clocks_ms, Mapping):
+        timeout = str(attributes.get("governance.stage.timeout") or "")
+        work_metrics.stage_clocks(str(stage_kind), clocks_ms, timeout)
 
 
 __all__ = [

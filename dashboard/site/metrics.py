@@ -1,8 +1,9 @@
 """``GET /metrics``: the system's facts in Prometheus's text format.
 
-The numbers are read from the database at the scrape (``dashboard.queries.
-metrics``), so any web process answers for the whole system: several web
-processes and prefork workers need no shared registry. prometheus_client
+The facts are read from the database at the scrape (``dashboard.queries.
+metrics``), and what the work counted comes from every process's files
+(``tasks/work_metrics.py``, prometheus_client's multiprocess mode), so any
+web process answers for the whole system. prometheus_client
 writes the exposition format (its ``generate_latest`` and a custom
 collector), not hand-written text.
 
@@ -22,10 +23,12 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from dashboard.queries.metrics import fact_gauges
 from dashboard.site import permissions
 from governance import time_source
+from tasks import work_metrics
 
 
 class _Facts:
@@ -63,6 +66,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Facts())
+    if settings.GOVERNANCE_METRICS_DIR:
+        # Every process's counts, from the files each wrote (tasks/work_metrics.py).
+        MultiProcessCollector(registry, path=settings.GOVERNANCE_METRICS_DIR)
+    else:
+        for metric in work_metrics.METRICS:  # one process: its own counts
+            registry.register(metric)
     # The text format every Prometheus 2.x reads (Debian 12 ships 2.42).
     response = HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
     response["Cache-Control"] = "no-store"

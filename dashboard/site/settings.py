@@ -423,6 +423,9 @@ def _metrics_allow():
 
 
 GOVERNANCE_METRICS_ALLOW = _metrics_allow()
+# Where every process writes its work counts (prometheus_client's multiprocess
+# mode); `manage.py up` sets it for its children. Unset: one process's own.
+GOVERNANCE_METRICS_DIR = env_str("PROMETHEUS_MULTIPROC_DIR")
 
 # --- Approvals of tool calls (governance/rules/approvals.py) ---
 # Four eyes: nobody approves or denies a call in a run they submitted themselves.

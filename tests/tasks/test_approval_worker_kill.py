@@ -75,7 +75,7 @@ def start_worker(tmp_path, settings):
     broker.delete(*every_queue_key(settings))
     started = []
 
-    def start(name: str):
+    def start(name: str, **extra_env: str):
         log_path = tmp_path / f"{name}.log"
         env = {
             **os.environ,
@@ -86,6 +86,7 @@ def start_worker(tmp_path, settings):
             "GOVERNANCE_OUTBOUND_ALLOW": "127.0.0.1,::1,localhost",
             "DJANGO_DEBUG": "1",
             "LOG_LEVEL": "WARNING",
+            **extra_env,
         }
         with log_path.open("w") as log:
             proc = subprocess.Popen(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.management.commands.demo import ensure_demo_users
 from dashboard.site.embedded import make_folders
-from dashboard.site.private_files import make_private_file
+from dashboard.site.private_files import make_private_file, make_private_folder
 from dashboard.site.supervisor import StatusReport, Supervisor
 from governance.models import Run, Stage, Thread
 
@@ -232,6 +233,13 @@ class Command(BaseCommand):
         status_every = 0 if level in FULL_LOG_LEVELS else settings.GOVERNANCE_UP_STATUS_SECONDS
         # The children read LOG_LEVEL for their Django logging (dashboard/site/settings.py).
         child_env = {**os.environ, "LOG_LEVEL": level}
+        # Every child writes its work counts here; GET /metrics adds them up. Emptied
+        # at each start: the files of processes that are gone would count twice.
+        if not child_env.get("PROMETHEUS_MULTIPROC_DIR"):
+            metrics_dir = Path(settings.VAR_DIR) / "metrics"
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            make_private_folder(metrics_dir)
+            child_env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         self._supervise(commands, child_env, lambda: read_status(url), status_every)
 
     def _supervise(self, commands, env, status, status_every) -> None:
