@@ -5,31 +5,14 @@ attempts by outcome and the stages' clocks as histograms
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from governance.rules.outbound import parse_allow_list
+from tests.dashboard import test_metrics as metrics_endpoint
+from tests.dashboard.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ANSWER = {"default": {"answer": {"text": "The answer is 42."}}}
-TOKEN = "work-metrics-token-" + "w" * 20
-
-
-@pytest.fixture
-def scraping(settings):
-    settings.GOVERNANCE_METRICS_TOKEN = TOKEN
-    settings.GOVERNANCE_METRICS_ALLOW = parse_allow_list([])
-    return settings
-
-
-def scrape(client) -> dict[tuple[str, tuple], float]:
-    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert response.status_code == 200
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.content.decode())
-        for sample in family.samples
-    }
+scraping = metrics_endpoint.scrape_settings  # its fixture: the scrape's token
 
 
 def value(samples, name: str, **labels) -> float:
