@@ -42,7 +42,7 @@ from governance.rules.retry_after import parse_retry_after
 from governance.services import alerts as services_alerts
 from governance.services.alerts import DeliveryResult
 from governance.services.secrets import named_secret
-from tasks import outbound
+from tasks import outbound, work_metrics
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,9 @@ def deliver(delivery_id: int) -> str:
     except Exception as exc:  # a bug here must not lose the alert: retry, and say why
         log.exception("alert delivery %s crashed", delivery_id)
         result = DeliveryResult(DeliveryResult.TRANSIENT, None, f"{type(exc).__name__}: {exc}")
-    return services_alerts.record_result(delivery, result, time_source.now())
+    state = services_alerts.record_result(delivery, result, time_source.now())
+    work_metrics.delivery("alert", delivery.channel.kind, state)
+    return state
 
 
 # --------------------------------------------------------------------------- messages

@@ -29,7 +29,7 @@ from governance.rules.redelivery import Verdict, attempt_verdict
 from governance.rules.retry_after import parse_retry_after
 from governance.services import callbacks as callbacks
 from governance.services.outbound import Resolver
-from tasks import outbound
+from tasks import outbound, work_metrics
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ def deliver(callback_id: int) -> str:
     result = post(row.url, body, headers)
     state = callbacks.record_result(claim, result, time_source.now())
     log.info("callback %s attempt %s → %s (%s)", row.id, claim.attempt, state, result.status or "-")
+    work_metrics.delivery("callback", "", state or "")
     return state or "superseded"
 
 

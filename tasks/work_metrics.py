@@ -44,6 +44,13 @@ ATTEMPTS = Counter(
 )
 TOOL_CALLS = Counter("governance_tool_calls", "Tool calls by their effect (R4.1, R6.4)", ["effect"])
 
+DELIVERIES = Counter(
+    "governance_deliveries",
+    "Outbound deliveries by what was delivered (alert, callback), the alert channel's kind "
+    "and the state the attempt left it in (delivered, retry, failed, …)",
+    ["what", "channel", "state"],
+)
+
 _EVENTS = {
     "governance.refusals": "refusal",
     "governance.reprobes": "reprobe",
@@ -75,4 +82,8 @@ def tool_call(effect: str) -> None:
     TOOL_CALLS.labels(effect or "unknown").inc()
 
 
-METRICS = (STAGE_CLOCKS, TURN_EVENTS, NOTIFICATIONS, ATTEMPTS, TOOL_CALLS)
+def delivery(what: str, channel: str, state: str) -> None:
+    DELIVERIES.labels(what, channel or "-", state or "superseded").inc()
+
+
+METRICS = (STAGE_CLOCKS, TURN_EVENTS, NOTIFICATIONS, ATTEMPTS, TOOL_CALLS, DELIVERIES)

@@ -137,6 +137,6 @@ def test_a_scrape_costs_the_same_queries_with_more_rows_and_labels_stay_bounded(
     # Bounded labels: these names only, and never an id (a UUID, a segment key).
     keys = {key for _name, pairs in samples for key, _value in pairs}
     assert keys <= {"provider", "state", "status", "kind", "stage_kind", "clock", "timeout",
-                    "outcome", "effect", "event", "severity", "le"}  # fmt: skip
+                    "outcome", "effect", "event", "severity", "what", "channel", "le"}  # fmt: skip
     values = {value for _name, pairs in samples for _key, value in pairs}
     assert not [v for v in values if "#" in v or len(v) >= 32], values

@@ -177,6 +177,12 @@ def test_r8_2_celery_worker_concurrency_2_sends_each_event_once(receiver, worker
 @pytest.mark.django_db
 def test_r8_2_retry_on_503_then_success_with_backoff(receiver, clock_at_start):
     """R8.2: a 503 is transient — the row waits out its backoff, then succeeds."""
+    from tasks.work_metrics import DELIVERIES
+
+    def counted(state: str) -> float:
+        return DELIVERIES.labels("alert", "webhook", state)._value.get()
+
+    before = {state: counted(state) for state in (State.RETRY, State.DELIVERED)}
     receiver.script["/hook"] = [503, 503]
     hook = channel("ops-hook", "webhook", receiver.url("/hook"))
     seg = make_thread(START).segments.get()
@@ -198,6 +204,9 @@ def test_r8_2_retry_on_503_then_success_with_backoff(receiver, clock_at_start):
     row.refresh_from_db()
     assert row.state == State.DELIVERED and row.attempts == 3 and row.status_code == 200
     assert len(receiver.at("/hook")) == 3
+    # For Prometheus: two retries and one delivery of a webhook alert.
+    assert counted(State.RETRY) - before[State.RETRY] == 2
+    assert counted(State.DELIVERED) - before[State.DELIVERED] == 1
     hook.refresh_from_db()
     assert hook.enabled
 
