@@ -99,6 +99,7 @@ def test_the_tools_page_shows_the_policy_and_an_admin_changes_it(client, admin, 
         "someone in the operator role approves every call that is not read-only, within 30 min"
         in page
     )
+    assert 'data-testid="approval-notify">every call</td>' in page  # its one tool
     refused = client.post(
         reverse("tool-approval", args=["notify"]),
         {"approval-notify-approval": "maybe", "approval-notify-approver_role": "operator",
