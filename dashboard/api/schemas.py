@@ -902,6 +902,7 @@ class ToolListed(Answer):
     approval: ApprovalPolicyField = Field(
         description="its approval policy (its own, or the server's)"
     )
+    approval_needed: bool = Field(description="whether its calls wait for a person's yes")
     wire_name: str = Field(description="the name a provider sees (OpenAI/Anthropic rules)")
 
 

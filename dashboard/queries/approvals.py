@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from governance.models import Run, ToolApproval
+from governance.rules.approvals import waits_for_answer
 
 
 def approvals() -> QuerySet[ToolApproval]:
@@ -14,7 +15,7 @@ def approvals() -> QuerySet[ToolApproval]:
 
 
 def waiting(rows: QuerySet[ToolApproval]) -> QuerySet[ToolApproval]:
-    """The requests still waiting for a person: open, and their run not settled."""
+    """``rules.approvals.waits_for_answer`` as a filter: open, and the run not settled."""
     return rows.filter(state=ToolApproval.State.PENDING).exclude(run__status=Run.Status.SETTLED)
 
 
@@ -23,8 +24,7 @@ def approval_json(approval: ToolApproval, *, url: str = "") -> dict[str, Any]:
     return {
         "id": approval.id,
         "state": approval.state,
-        "waiting": approval.state == ToolApproval.State.PENDING
-        and run.status != Run.Status.SETTLED,
+        "waiting": waits_for_answer(approval.state, run_settled=run.status == Run.Status.SETTLED),
         "tool": approval.tool,
         "server": approval.server or None,
         "effect_class": approval.effect_class or None,

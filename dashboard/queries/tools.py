@@ -12,6 +12,7 @@ from dashboard.queries.secrets import secret_present, secret_refused
 from governance import time_source
 from governance.models import ToolProcess, ToolServer
 from governance.rules import tools as tool_rules
+from governance.rules.approvals import needs_approval
 from governance.services import tool_servers
 from governance.services.secrets import mask_url
 
@@ -90,6 +91,8 @@ def tool_detail_json(server: ToolServer, opened=()) -> dict[str, Any]:
                 "annotations": t.annotations,
                 "effect": t.effect_class,
                 "approval": t.approval,
+                # Whether its calls wait for a person: the rule, not the page, says.
+                "approval_needed": needs_approval(t.approval, t.effect_class),
                 "wire_name": wire[t.name],
             }
             for t in tools

@@ -122,7 +122,7 @@ def decision_refusal(facts: DecisionFacts, now: datetime) -> tuple[int, str] | N
     state = ApprovalState(facts.state)
     if state is not ApprovalState.PENDING:
         return 409, f"already {state.value}"
-    if facts.run_settled:
+    if not waits_for_answer(state, run_settled=facts.run_settled):
         return 409, "its run has settled (stopped, or past its deadline): nothing waits for it"
     if now >= facts.expires_at:
         return 409, "already expired: nobody answered within the wait"
@@ -131,6 +131,11 @@ def decision_refusal(facts: DecisionFacts, now: datetime) -> tuple[int, str] | N
     if facts.four_eyes and facts.approver_submitted_run:
         return 403, "four eyes: a call in a run you submitted needs someone else's answer"
     return None
+
+
+def waits_for_answer(state: ApprovalState | str, *, run_settled: bool) -> bool:
+    """A request a person can still answer: open, and its run not settled."""
+    return ApprovalState(state) is ApprovalState.PENDING and not run_settled
 
 
 def stage_awaits_person(

@@ -43,7 +43,8 @@ def test_the_api_sets_the_policy_at_registration_and_changes_it(admin):  # noqa:
     entry = AuditEntry.objects.filter(action="tool.update", target_id="notify").get()
     assert entry.reason == "deploy week"
     assert entry.detail["after"]["approval"] == "always"
-    assert admin.send("GET", "/api/v1/tools/notify")["tools"][0]["approval"] == "always"
+    (listed,) = admin.send("GET", "/api/v1/tools/notify")["tools"]
+    assert listed["approval"] == "always" and listed["approval_needed"] is True
 
 
 @pytest.mark.parametrize(

@@ -118,3 +118,9 @@ def test_r3_6_one_notice_per_recorded_call_to_the_channels():
     assert notice.dedupe_key == "approval:k-1" and notice.severity == "normal"
     assert "notify" in notice.text and "operator" in notice.text
     assert "2026-03-04 06:06 UTC" in notice.text
+
+
+def test_r4_1_a_request_waits_for_an_answer_while_open_and_its_run_goes_on():
+    assert rules.waits_for_answer("pending", run_settled=False)
+    assert not rules.waits_for_answer("pending", run_settled=True)
+    assert not rules.waits_for_answer("approved", run_settled=False)
