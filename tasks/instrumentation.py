@@ -21,6 +21,18 @@ rows per stage, not one row per SQL statement.
 Every stage span carries the four clocks of R6.1 (``CLOCK_ATTRIBUTES``), so a
 long queue wait is visibly a queue span, never execution time (R6.2).
 
+Under ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``
+(``use_semconv``) the spans also speak the latest GenAI conventions: the run
+span is ``invoke_agent {agent}``, every GenAI span names the conversation
+(``gen_ai.conversation.id``: the thread), ``gen_ai.provider.name`` is the
+vendor (the provider id stays in ``governance.provider.id``), a refusal's
+finish reason is ``content_filter`` and a streamed answer's time to first
+chunk is ``gen_ai.response.time_to_first_chunk``. Without it the names emitted
+before stay. Prompt and answer contents are in no span unless
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for them (latest
+conventions only: ``gen_ai.input.messages``/``gen_ai.output.messages``).
+The dashboard tells spans apart by ``governance.span.kind``, never by name.
+
 Times come from the injected clock (``governance.time_source``), which may be far
 from wall time, so every span gets explicit start/end nanoseconds from the
 datetimes the runner passes in.
@@ -40,9 +52,10 @@ provider's generator.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -113,6 +126,42 @@ _RUN_ID_KEY = otel_context.create_key("governance.run_id")
 _STAGE_ID_KEY = otel_context.create_key("governance.stage_id")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
+_CONVERSATION_KEY = otel_context.create_key("gen_ai.conversation.id")
+
+GENAI_LATEST_OPT_IN = "gen_ai_latest_experimental"
+# The values of the capture setting that put contents in spans.
+CAPTURE_IN_SPANS = frozenset({"true", "1", "span_only", "span_and_event"})
+
+
+@dataclass(frozen=True)
+class Semconv:
+    """Which GenAI conventions the spans speak (read once per process from the
+    settings by ``tasks.telemetry.configure_telemetry``)."""
+
+    latest: bool = False  # OTEL_SEMCONV_STABILITY_OPT_IN names gen_ai_latest_experimental
+    capture_content: bool = False  # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
+    agent_name: str = "agent-governance"  # gen_ai.agent.name of the invoke_agent span
+
+
+_semconv = Semconv()
+
+
+def semconv_from(opt_in: str, capture: str, agent_name: str) -> Semconv:
+    """The conventions the two standard settings ask for (comma-separated opt-ins)."""
+    latest = GENAI_LATEST_OPT_IN in {part.strip() for part in (opt_in or "").split(",")}
+    capture_content = latest and (capture or "").strip().lower() in CAPTURE_IN_SPANS
+    return Semconv(latest, capture_content, agent_name or Semconv.agent_name)
+
+
+def use_semconv(semconv: Semconv) -> Semconv:
+    """Emit by ``semconv`` from now on; returns the previous one (tests restore it)."""
+    global _semconv
+    previous, _semconv = _semconv, semconv
+    return previous
+
+
+def current_semconv() -> Semconv:
+    return _semconv
 
 
 def is_governance_span(attributes: Mapping[str, Any] | None) -> bool:
@@ -457,11 +506,15 @@ def end_run_span(
     started_at: datetime,
     ended_at: datetime,
     attributes: Mapping[str, Any] | None = None,
+    conversation_id: Any = None,
+    provider_name: Any = None,
 ) -> None:
     """Emit the root ``governance.run`` span with the id allocated at admission.
 
-    Emitting it twice (a redelivered settlement) produces the same ids; the
-    span store keeps one row.
+    Under the latest GenAI conventions it is the ``invoke_agent {agent}`` span
+    of the conversation (the thread); ``provider_name`` is the vendor of the
+    thread's first provider. Emitting it twice (a redelivered settlement)
+    produces the same ids; the span store keeps one row.
     """
     run = _run_span_context(carrier)
     if run is None:
@@ -487,9 +540,22 @@ def end_run_span(
         SPAN_KIND_ATTRIBUTE: RUN_KIND,
         "governance.run_id": str(run_id),
     }
+    name = RUN_SPAN_NAME
+    if _semconv.latest:
+        name = f"invoke_agent {_semconv.agent_name}"
+        attrs.update(
+            otel_attributes(
+                {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": _semconv.agent_name,
+                    "gen_ai.conversation.id": conversation_id,
+                    "gen_ai.provider.name": provider_name,
+                }
+            )
+        )
     with _pinned(run.trace_id, run.span_id):
         span = get_tracer().start_span(
-            RUN_SPAN_NAME, context=parent_context, attributes=attrs, start_time=_ns(started_at)
+            name, context=parent_context, attributes=attrs, start_time=_ns(started_at)
         )
     got = span.get_span_context()
     if span.is_recording() and (got.trace_id, got.span_id) != (run.trace_id, run.span_id):
@@ -602,10 +668,12 @@ def execution_span(
     stage_kind: Any,
     started_at: datetime,
     attributes: Mapping[str, Any] | None = None,
+    conversation_id: Any = None,
 ) -> Iterator[StageSpan]:
     """R6.1: a stage's execution, child of the run span and current inside the block.
 
-    Attempt spans opened in the block are its children. If the block raises,
+    Attempt spans opened in the block are its children (and name
+    ``conversation_id``, the thread, under the latest GenAI conventions). If the block raises,
     the exception is recorded and the span still ends (at the injected clock's
     now unless ``.end()`` was called).
     """
@@ -621,6 +689,8 @@ def execution_span(
     ctx = trace.set_span_in_context(span)
     ctx = otel_context.set_value(_RUN_ID_KEY, str(run_id), ctx)
     ctx = otel_context.set_value(_STAGE_ID_KEY, str(stage_id), ctx)
+    if conversation_id is not None:
+        ctx = otel_context.set_value(_CONVERSATION_KEY, str(conversation_id), ctx)
     token = otel_context.attach(ctx)
     try:
         yield handle
@@ -655,20 +725,49 @@ def _current(span, handle, started_at: datetime) -> Iterator[None]:
 class AttemptSpan:
     """Handle of one provider attempt (a GenAI ``chat`` client span)."""
 
-    def __init__(self, span: trace.Span, started_at: datetime, provider_id: str = "") -> None:
+    def __init__(
+        self,
+        span: trace.Span,
+        started_at: datetime,
+        provider_id: str = "",
+        metric_attributes: Mapping[str, str] | None = None,
+    ) -> None:
         self.span = span
         self.started_at = started_at
         self.provider_id = provider_id
+        # The GenAI metrics' attributes known at the start (operation, provider, model).
+        self.metric_attributes = dict(metric_attributes or {})
         self.ended = False
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         self.span.set_attributes(_attempt_attributes(attributes))
 
-    def finish(self, ended_at: datetime, attributes: Mapping[str, Any] | None = None) -> None:
+    def capture(self, messages: Callable[[], tuple[Any, Any]]) -> None:
+        """The prompt and the answer (``messages()``: input, output), only when
+        the capture setting asks for them (latest conventions: JSON in
+        ``gen_ai.input.messages``/``gen_ai.output.messages``). Not asked, nothing
+        is built."""
+        if _semconv.capture_content and self.span.is_recording():
+            input_messages, output_messages = messages()
+            self.span.set_attributes(
+                {
+                    "gen_ai.input.messages": json.dumps(input_messages, default=str),
+                    "gen_ai.output.messages": json.dumps(output_messages, default=str),
+                }
+            )
+
+    def finish(
+        self,
+        ended_at: datetime,
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        first_chunk_at: datetime | None = None,
+    ) -> None:
         """Record the outcome and end the span; idempotent.
 
         ``governance.failure_class`` (or ``failure_class``) marks the span as
-        an error with that class as ``error.type``.
+        an error with that class as ``error.type``. ``first_chunk_at``: when the
+        streamed answer's first chunk came (time to first chunk).
         """
         if self.ended:
             return
@@ -677,10 +776,50 @@ class AttemptSpan:
         if failure:
             attrs.setdefault("error.type", str(failure))
             self.span.set_status(Status(StatusCode.ERROR, str(failure)))
+        first_chunk_s = (
+            _ms(first_chunk_at - self.started_at) / 1000 if first_chunk_at is not None else None
+        )
+        if _semconv.latest:
+            if failure == "refusal":  # a refusal is a content filter, whatever the vendor said
+                attrs["gen_ai.response.finish_reasons"] = ["content_filter"]
+            elif attrs.get("gen_ai.response.finish_reasons") == [""]:
+                del attrs["gen_ai.response.finish_reasons"]
+            if first_chunk_s is not None:
+                attrs["gen_ai.response.time_to_first_chunk"] = first_chunk_s
         self.span.set_attributes(attrs)
         self.ended = True
-        self.span.end(end_time=_ns(max(ended_at, self.started_at)))
+        ended_at = max(ended_at, self.started_at)
+        self.span.end(end_time=_ns(ended_at))
         work_metrics.attempt(self.provider_id, str(failure or ""))
+        self._record_genai_metrics(
+            attrs, (ended_at - self.started_at).total_seconds(), first_chunk_s
+        )
+
+    def _record_genai_metrics(
+        self, attrs: Mapping[str, Any], duration_s: float, first_chunk_s: float | None
+    ) -> None:
+        """OpenTelemetry's GenAI client metrics, with their standard attribute names,
+        to the meter (OTLP) and to Prometheus (``tasks.work_metrics``)."""
+        metric_attrs = dict(self.metric_attributes)
+        if attrs.get("gen_ai.response.model"):
+            metric_attrs["gen_ai.response.model"] = str(attrs["gen_ai.response.model"])
+        with_error = {
+            **metric_attrs,
+            **({"error.type": str(attrs["error.type"])} if attrs.get("error.type") else {}),
+        }
+        _instrument(GENAI_DURATION).record(duration_s, with_error)
+        tokens = {
+            token_type: attrs.get(f"gen_ai.usage.{token_type}_tokens")
+            for token_type in ("input", "output")
+        }
+        for token_type, amount in tokens.items():
+            if isinstance(amount, int) and amount >= 0:
+                _instrument(GENAI_TOKENS).record(
+                    amount, {**metric_attrs, "gen_ai.token.type": token_type}
+                )
+        if first_chunk_s is not None:
+            _instrument(GENAI_FIRST_CHUNK).record(first_chunk_s, metric_attrs)
+        work_metrics.genai(with_error, duration_s, tokens, first_chunk_s)
 
 
 def _attempt_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -699,30 +838,47 @@ def attempt_span(
     model: Any,
     started_at: datetime,
     segment_key: Any,
+    vendor: Any = None,
 ) -> Iterator[AttemptSpan]:
     """One provider attempt under the current (execution) span, GenAI semconv.
 
-    If the block raises before ``.finish()``, the exception is recorded and the
-    span ends at the injected clock's now.
+    ``vendor`` is the provider's kind (``openai``, ``anthropic``, …): the
+    ``gen_ai.provider.name`` of the latest conventions; before them that name
+    held the provider id, and still does without the opt-in. If the block
+    raises before ``.finish()``, the exception is recorded and the span ends
+    at the injected clock's now.
     """
+    provider_name = (vendor or provider_id) if _semconv.latest else provider_id
+    genai = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": str(provider_name),
+        "gen_ai.request.model": str(model),
+    }
     attrs = otel_attributes(
         {
             SPAN_KIND_ATTRIBUTE: ATTEMPT_KIND,
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": provider_id,
-            "gen_ai.request.model": model,
+            **genai,
+            "governance.provider.id": provider_id,
             "governance.segment_key": segment_key,
             "governance.attempt.kind": kind,
             "governance.run_id": otel_context.get_value(_RUN_ID_KEY),
             "governance.stage_id": otel_context.get_value(_STAGE_ID_KEY),
+            **_conversation(),
         }
     )
     span = get_tracer().start_span(
         f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs, start_time=_ns(started_at)
     )
-    handle = AttemptSpan(span, started_at, str(provider_id))
+    handle = AttemptSpan(span, started_at, str(provider_id), genai)
     with _current(span, handle, started_at):
         yield handle
+
+
+def _conversation() -> dict[str, Any]:
+    """``gen_ai.conversation.id`` (the thread) under the latest conventions."""
+    if not _semconv.latest:
+        return {}
+    return {"gen_ai.conversation.id": otel_context.get_value(_CONVERSATION_KEY)}
 
 
 class ToolSpan:
@@ -772,18 +928,24 @@ def tool_span(
 ) -> Iterator[ToolSpan]:
     """One tool call under the current (execution) span.
 
-    Named and attributed after the GenAI ``execute_tool`` span (``gen_ai.tool.*``).
-    ``gen_ai.operation.name`` is left out on purpose: the run page draws any
-    span with it as a provider attempt. If the block raises before
+    Named and attributed after the GenAI ``execute_tool`` span (``gen_ai.tool.*``;
+    ``gen_ai.operation.name`` too under the latest conventions, as before them
+    it was not set). If the block raises before
     ``.finish()``, the exception is recorded and the span ends at the injected
     clock's now.
     """
+    latest = (
+        {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.type": "function", **_conversation()}
+        if _semconv.latest
+        else {}
+    )
     attrs = otel_attributes(
         {
             **(attributes or {}),
             SPAN_KIND_ATTRIBUTE: TOOL_KIND,
             "gen_ai.tool.name": tool,
             "gen_ai.tool.call.id": call_id,
+            **latest,
             "governance.run_id": otel_context.get_value(_RUN_ID_KEY),
             "governance.stage_id": otel_context.get_value(_STAGE_ID_KEY),
         }
@@ -816,6 +978,27 @@ CLOCK_BUCKETS_MS = (
 )  # fmt: skip
 
 
+# OpenTelemetry's GenAI client metrics (their names, units and advised buckets).
+GENAI_DURATION = "gen_ai.client.operation.duration"
+GENAI_TOKENS = "gen_ai.client.token.usage"
+GENAI_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+GENAI_SECONDS_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+GENAI_TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+GENAI_HISTOGRAMS: dict[str, tuple[str, str, tuple]] = {
+    GENAI_DURATION: ("s", "GenAI operation duration", GENAI_SECONDS_BUCKETS),
+    GENAI_TOKENS: ("{token}", "Number of input and output tokens used", GENAI_TOKEN_BUCKETS),
+    GENAI_FIRST_CHUNK: (
+        "s",
+        "Time to receive the first chunk of a streamed answer",
+        GENAI_SECONDS_BUCKETS,
+    ),
+}
+
+
 def _instrument(name: str) -> Any:
     global _instruments_owner
     provider = _meter_provider or metrics.get_meter_provider()
@@ -829,6 +1012,12 @@ def _instrument(name: str) -> Any:
             if name in COUNTERS:
                 unit, description = COUNTERS[name]
                 instrument = meter.create_counter(name, unit=unit, description=description)
+            elif name in GENAI_HISTOGRAMS:
+                unit, description, buckets = GENAI_HISTOGRAMS[name]
+                instrument = meter.create_histogram(
+                    name, unit=unit, description=description,
+                    explicit_bucket_boundaries_advisory=buckets,
+                )  # fmt: skip
             else:
                 instrument = meter.create_histogram(
                     name,
@@ -870,6 +1059,7 @@ __all__ = [
     "SPAN_KIND_ATTRIBUTE",
     "AttemptSpan",
     "PinnedIdGenerator",
+    "Semconv",
     "StageSpan",
     "ToolSpan",
     "attempt_span",
@@ -877,6 +1067,7 @@ __all__ = [
     "context_from",
     "count",
     "current_carrier",
+    "current_semconv",
     "end_run_span",
     "execution_span",
     "get_tracer",
@@ -884,9 +1075,11 @@ __all__ = [
     "new_run_trace",
     "observe_clocks",
     "record_queue_span",
+    "semconv_from",
     "stage_outcome_attributes",
     "stored_in_span_store",
     "tool_span",
     "use_meter_provider",
+    "use_semconv",
     "use_tracer_provider",
 ]

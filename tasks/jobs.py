@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 
 from celery import shared_task
 from django.core.cache import cache
+
+from tasks import work_metrics
 
 HEARTBEAT_KEY = "heartbeat:{component}"
 HEARTBEAT_TTL_SECONDS = 24 * 3600
@@ -78,7 +81,10 @@ def tier_attempts() -> int:
     pass, decided once by the rule and kept on the attempt."""
     from governance.services import insight_tiers
 
-    return insight_tiers.tier_pending(limit=TIER_LIMIT, skip_locked=True)
+    tally: Counter = Counter()
+    done = insight_tiers.tier_pending(limit=TIER_LIMIT, skip_locked=True, tally=tally)
+    work_metrics.refusal_sends(tally)
+    return done
 
 
 # Segments per pass: one pass stays short; a backlog (after an upgrade) drains over a

@@ -52,7 +52,12 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
-from tasks.instrumentation import PinnedIdGenerator, is_governance_span
+from tasks.instrumentation import (
+    PinnedIdGenerator,
+    is_governance_span,
+    semconv_from,
+    use_semconv,
+)
 from tasks.span_store import build_processor, span_store_enabled
 
 _lock = threading.Lock()
@@ -174,6 +179,13 @@ def configure_telemetry(component: str) -> str:
         if "mode" in _configured:
             return _configured["mode"]
         mode = exporter_mode()
+        use_semconv(
+            semconv_from(
+                settings.OTEL_SEMCONV_STABILITY_OPT_IN,
+                settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+                settings.OTEL_SERVICE_NAME,
+            )
+        )
         tracer_provider, meter_provider = build_providers(component, mode)
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)

@@ -32,6 +32,7 @@ read: with refusal state in a segment every send is a re-probe (R3.2).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -70,6 +71,7 @@ from governance.rules.refusal import delays_from_seconds
 from governance.services import insight_tiers
 from governance.services.insight_tiers import REFUSAL_RELATED, carried_of, first_sends
 from governance.services.insight_tiers import SEND_FIELDS as _FIELDS
+from tasks import work_metrics
 
 
 @dataclass(frozen=True)
@@ -333,5 +335,7 @@ def provider_ids() -> list[str]:
 def tiered_insights(query: InsightsQuery, **what_if: Any) -> Insights:
     """The period's numbers, its pending attempts tiered first (their turns finished
     since the beat's last pass): the page, the CSV and the API read the same tiers."""
-    insight_tiers.tier_pending(start=query.start, end=query.end)
+    tally: Counter = Counter()
+    insight_tiers.tier_pending(start=query.start, end=query.end, tally=tally)
+    work_metrics.refusal_sends(tally)
     return reprobe_insights(query, **what_if)

@@ -47,12 +47,15 @@ from governance.rules.publication import DeliveryEvidence, PublicationError, del
 from governance.rules.run_clocks import deadline_reached
 from governance.services.deliveries import publication_of
 from tasks.instrumentation import (
-    APPROVAL_WAIT_SPAN_NAME,
+    APPROVAL_WAIT_KIND,
+    ATTEMPT_KIND,
     CLOCK_ATTRIBUTES,
     CLOCK_UNKNOWN,
-    EXECUTION_SPAN_NAME,
+    EXECUTION_KIND,
+    QUEUE_KIND,
     QUEUE_SPAN_NAME,
-    RUN_SPAN_NAME,
+    RUN_KIND,
+    SPAN_KIND_ATTRIBUTE,
 )
 
 SETTLEMENT_OUTCOMES = ("completed", "partial", "failed", "cancelled")
@@ -618,13 +621,13 @@ def _queue_spans(stages: list[Stage], spans: list[SpanRecord]) -> list[SpanRecor
     stored = {
         str((s.attributes or {}).get("governance.stage_id"))
         for s in spans
-        if s.name == QUEUE_SPAN_NAME
+        if _kind(s) == QUEUE_KIND
     }
-    run_span = next((s for s in spans if s.name == RUN_SPAN_NAME), None)
+    run_span = next((s for s in spans if _kind(s) == RUN_KIND), None)
     execution = {
         str((s.attributes or {}).get("governance.stage_id")): s
         for s in spans
-        if s.name == EXECUTION_SPAN_NAME
+        if _kind(s) == EXECUTION_KIND
     }
     queued = []
     for stage in stages:
@@ -640,6 +643,7 @@ def _queue_spans(stages: list[Stage], spans: list[SpanRecord]) -> list[SpanRecor
                 start=stage.enqueued_at,
                 end=max(stage.started_at, stage.enqueued_at),
                 attributes={
+                    SPAN_KIND_ATTRIBUTE: QUEUE_KIND,
                     "governance.stage_id": stage.id,
                     **{k: v for k, v in (clocks or {}).items() if k in CLOCK_ATTRIBUTES},
                 },
@@ -651,7 +655,7 @@ def _queue_spans(stages: list[Stage], spans: list[SpanRecord]) -> list[SpanRecor
 def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> Waterfall:
     """Bars positioned by each span's start/end relative to the run span."""
     spans = [*spans, *_queue_spans(stages, spans)]
-    run_span = next((s for s in spans if s.name == RUN_SPAN_NAME), None)
+    run_span = next((s for s in spans if _kind(s) == RUN_KIND), None)
     if run_span is not None:
         origin = run_span.start
         end = max([run_span.end, *(s.end for s in spans)])
@@ -670,7 +674,7 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
             parent = by_id.get(parent.parent_span_id)
         return level
 
-    rank = {RUN_SPAN_NAME: 0, QUEUE_SPAN_NAME: 1, EXECUTION_SPAN_NAME: 2}
+    rank = {RUN_KIND: 0, QUEUE_KIND: 1, EXECUTION_KIND: 2}
 
     def order(span: SpanRecord) -> tuple:
         # The run span first, then by start; at the same instant the earlier
@@ -678,10 +682,10 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
         attrs = span.attributes if isinstance(span.attributes, dict) else {}
         stage = stage_by_id.get(str(attrs.get("governance.stage_id", "")))
         return (
-            span.name != RUN_SPAN_NAME,
+            _kind(span) != RUN_KIND,
             span.start,
             stage.seq if stage else 0,
-            rank.get(span.name, 3),
+            rank.get(_kind(span), 3),
             depth(span),
             span.end,
             span.id or 0,
@@ -717,31 +721,41 @@ def _span_waterfall(run: Run, stages: list[Stage], spans: list[SpanRecord]) -> W
     )
 
 
+def _kind(span: SpanRecord) -> str:
+    """What a span is to the page (``governance.span.kind``): its name depends on
+    the GenAI conventions in use, this mark does not."""
+    attrs = span.attributes if isinstance(span.attributes, dict) else {}
+    return str(attrs.get(SPAN_KIND_ATTRIBUTE) or "")
+
+
 def _span_words(
     span: SpanRecord, attrs: dict[str, Any], stage: Stage | None
 ) -> tuple[str, str, str]:
     """A bar's kind, label and detail, from its span's name and attributes."""
     stage_words = f"stage {stage.seq} · {stage.kind.replace('_', ' ')}" if stage else "stage"
-    if span.name == RUN_SPAN_NAME:
+    kind = attrs.get(SPAN_KIND_ATTRIBUTE)
+    if kind == RUN_KIND:
         return "run", "Run", ""
-    if span.name == QUEUE_SPAN_NAME:
+    if kind == QUEUE_KIND:
         return "queue", f"{stage_words} · queued", _clock_words(attrs)
-    if span.name == APPROVAL_WAIT_SPAN_NAME:
+    if kind == APPROVAL_WAIT_KIND:
         # R6.1: a person's wait, a clock of its own (no-progress did not run).
         answer = str(attrs.get("governance.approval.answer") or "")
         by = str(attrs.get("governance.approval.decided_by") or "")
         tool = str(attrs.get("governance.tool") or "the call")
         detail = f"{answer} by {by}" if by else (answer or "")
         return "approval", f"{stage_words} · waiting for a person ({tool})", detail
-    if span.name == EXECUTION_SPAN_NAME:
+    if kind == EXECUTION_KIND:
         detail = _clock_words(attrs)
         facts = stage_fact_words(
             str(attrs.get("governance.stage.timeout") or ""),
             str(attrs.get("governance.stage.failure_class") or ""),
         )
         return "execution", f"{stage_words} · execution", f"{facts} · {detail}" if facts else detail
-    if "gen_ai.provider.name" in attrs or "gen_ai.operation.name" in attrs:
-        provider = attrs.get("gen_ai.provider.name") or "provider"
+    if kind == ATTEMPT_KIND:
+        # The provider id (the vendor is gen_ai.provider.name under the latest conventions).
+        provider = attrs.get("governance.provider.id") or attrs.get("gen_ai.provider.name")
+        provider = provider or "provider"
         attempt_kind = str(attrs.get("governance.attempt.kind") or "")
         label = f"{provider} · {ATTEMPT_KIND_WORDS.get(attempt_kind, attempt_kind)}".rstrip(" ·")
         parts = [str(attrs.get("gen_ai.request.model") or "")]

@@ -27,6 +27,7 @@ never tiers: the hot path keeps its statements.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -155,9 +156,13 @@ def _mark(ids: list[int]) -> None:
         ProviderAttempt.objects.filter(id__in=ids[at : at + 500]).update(tiered=True)
 
 
-def tier_segments(segment_ids: Sequence[int], *, skip_locked: bool = False) -> int:
+def tier_segments(
+    segment_ids: Sequence[int], *, skip_locked: bool = False, tally: Counter | None = None
+) -> int:
     """Tier the untiered attempts of finished stages in these segments, in one
-    transaction. Returns how many attempts were tiered.
+    transaction. Returns how many attempts were tiered; ``tally`` (when given)
+    gains one per send written with a tier, by (provider id, tier, step): the
+    caller counts them for Prometheus once they are committed.
 
     The attempts are locked in id order: a concurrent tierer of the same segments
     waits, then finds them tiered (its condition is read again) and writes nothing;
@@ -174,6 +179,7 @@ def tier_segments(segment_ids: Sequence[int], *, skip_locked: bool = False) -> i
         if not pending:
             return 0
         waiting = set(pending)
+        sends = [send for send in tiers_of(segment_ids) if send.attempt_id in waiting]
         writes = [
             (
                 True,
@@ -184,8 +190,7 @@ def tier_segments(segment_ids: Sequence[int], *, skip_locked: bool = False) -> i
                 send.since_refusal.total_seconds() if send.since_refusal is not None else None,
                 send.attempt_id,
             )
-            for send in tiers_of(segment_ids)
-            if send.attempt_id in waiting
+            for send in sends
         ]
         writes.sort(key=lambda w: w[-1])
         if writes:
@@ -193,6 +198,10 @@ def tier_segments(segment_ids: Sequence[int], *, skip_locked: bool = False) -> i
                 cursor.executemany(_WRITE, writes)
         written = {w[-1] for w in writes}
         _mark([i for i in pending if i not in written])
+    if tally is not None:
+        tally.update(
+            (send.provider_id, send.tier, send.step) for send in sends if send.attempt_id in written
+        )
     return len(pending)
 
 
@@ -202,12 +211,13 @@ def tier_pending(
     end: datetime | None = None,
     limit: int | None = None,
     skip_locked: bool = False,
+    tally: Counter | None = None,
 ) -> int:
     """Tier the segments holding untiered attempts of finished stages — those with
     such an attempt started in ``[start, end)`` when given — ``BATCH`` segments per
     transaction, at most ``limit`` segments. Returns how many attempts were tiered.
     A page passes no ``skip_locked``: it waits for a tierer holding its period's
-    attempts, so it reads their tiers."""
+    attempts, so it reads their tiers. ``tally``: as for :func:`tier_segments`."""
     rows = ProviderAttempt.objects.filter(PENDING)
     if start is not None:
         rows = rows.filter(started_at__gte=start)
@@ -220,7 +230,7 @@ def tier_pending(
         batch = list(segments.filter(segment_id__gt=after)[:size])
         if not batch:
             break
-        done += tier_segments(batch, skip_locked=skip_locked)
+        done += tier_segments(batch, skip_locked=skip_locked, tally=tally)
         seen += len(batch)
         after = batch[-1]
     return done

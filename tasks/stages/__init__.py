@@ -84,6 +84,7 @@ def _run_claimed(start: stage_service.StageStart) -> str:
         stage_id=stage.id,
         stage_kind=stage.kind,
         started_at=stage.started_at,
+        conversation_id=run.thread_id,
     ) as execution:
         try:
             if start.gather_error is not None:
@@ -162,6 +163,7 @@ def after_close(run: Run, closed: stage_service.Closed, at) -> None:
             run_id=str(run.id),
             started_at=run.created_at,
             ended_at=at,
+            conversation_id=run.thread_id,
             attributes={
                 "governance.run_id": str(run.id),
                 "governance.settlement": settlement.outcome.value,

@@ -22,6 +22,7 @@ from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
 from governance.rules import tools as tool_rules
 from governance.rules.classification import classify_attempt
+from governance.rules.cost import Prices, attempt_cost
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
@@ -29,6 +30,7 @@ from governance.services import stages as stage_service
 from governance.services.runs import cancel_requested, mark_progress, run_goal
 from governance.services.secrets import named_secret
 from tasks import instrumentation as spans
+from tasks import work_metrics
 from tasks.adapters import call_provider
 from tasks.adapters.base import (
     CallLimits,
@@ -40,6 +42,8 @@ from tasks.adapters.base import (
 )
 from tasks.registry_tools import offered_specs
 
+# What counts as the answer's first chunk (its time to first chunk): content, not headers.
+FIRST_CHUNK_KINDS = frozenset({"text", "tool_call", "reasoning"})
 PROGRESS_WRITE_EVERY = timedelta(seconds=30)  # mid-stream progress reaches the row this often
 _transports: tuple[int, dict[str, httpx.HTTPTransport]] | None = None
 
@@ -192,6 +196,8 @@ class _Sender:
             run, draw.resource, draw.amount, draw.key, draw.purpose,
             for_finalization=draw.for_finalization, now=now, stage=stage,
         )  # fmt: skip
+        if not admission.admitted:
+            work_metrics.ledger_exhausted(str(draw.resource))
         return turns.dispatch_outcome(
             # The stage began after checking for a stop; later sends ask again.
             cancel_requested=bool(self.calls) and cancel_requested(run),
@@ -214,7 +220,7 @@ class _Sender:
         )
         with spans.attempt_span(
             provider_id=provider.provider_id, kind=kind, model=request.model,
-            started_at=now, segment_key=self.context.segment.key,
+            started_at=now, segment_key=self.context.segment.key, vendor=provider.kind,
         ) as attempt:  # fmt: skip
             response = call_provider(
                 _config(provider),
@@ -231,18 +237,32 @@ class _Sender:
             verdict = refusal_verdict(
                 self.context.refusals.get(provider.provider_id), now, self.context.delays
             )
+            attempt.capture(
+                lambda: (
+                    [{"role": m.role, "content": m.content} for m in request.messages],
+                    [{"role": "assistant", "content": response.text}],
+                )
+            )
             attempt.finish(
                 ended,
                 {
                     "gen_ai.response.finish_reasons": [response.finish_reason or ""],
-                    "gen_ai.usage.input_tokens": response.usage.get("input_tokens", 0),
-                    "gen_ai.usage.output_tokens": response.usage.get("output_tokens", 0),
+                    "gen_ai.response.model": response.response_model,
+                    # None (left out) when the provider reported no usage.
+                    "gen_ai.usage.input_tokens": response.usage.get("input_tokens"),
+                    "gen_ai.usage.output_tokens": response.usage.get("output_tokens"),
                     "governance.refusal.verdict": verdict.state,
                     "governance.refusal.reprobes": verdict.reprobes,
                     "governance.failure_class": classification.failure_class or "",
                     "governance.run_id": str(run.id),
                 },
+                first_chunk_at=next(
+                    (e.at for e in response.events if e.kind in FIRST_CHUNK_KINDS), None
+                ),
             )
+        spent = attempt_cost(response.usage, _prices(provider))
+        if spent.amount is not None:
+            work_metrics.cost(provider.provider_id, spent.currency, float(spent.amount))
         return response, classification, ended
 
 
@@ -274,6 +294,13 @@ def _message(item: dict) -> ChatMessage:
             for call in item.get("tool_calls") or []
         ),
     )
+
+
+def _prices(provider: Provider) -> Prices:
+    return Prices(
+        provider.price_input_per_mtok, provider.price_output_per_mtok,
+        provider.price_cached_per_mtok, provider.currency,
+    )  # fmt: skip
 
 
 def _config(provider: Provider) -> ProviderConfig:

@@ -419,6 +419,15 @@ def test_r6_1_all_four_clocks_shown_for_a_stage_and_the_timeout_named(client, on
     assert table.count("timed-out") == 1
 
 
+def span_kind(name: str) -> str:
+    """The ``governance.span.kind`` every stored span carries (tasks.instrumentation)."""
+    if name == "governance.run" or name.startswith("invoke_agent "):
+        return "run"
+    if name.startswith("governance.stage."):
+        return name.removeprefix("governance.")
+    return "tool" if name.startswith("execute_tool ") else "attempt"
+
+
 def test_r6_1_waterfall_from_span_store_rows(client, oncall, thread):
     """Bars are positioned by span start/end relative to the run span."""
     run, stage, _ = services.submit_run(thread, input="hi", now=T0)
@@ -433,11 +442,16 @@ def test_r6_1_waterfall_from_span_store_rows(client, oncall, thread):
             start=T0 + timedelta(seconds=start_s),
             end=T0 + timedelta(seconds=end_s),
             status="error" if attrs.get("governance.failure_class") else "unset",
-            attributes={"governance.run_id": str(run.id), **attrs},
+            attributes={
+                "governance.run_id": str(run.id),
+                "governance.span.kind": span_kind(name),
+                **attrs,
+            },
             run_id=run.id,
         )
 
-    span("1" * 16, "", "governance.run", 0, 100)
+    # The run span as the latest GenAI conventions name it: the page goes by its kind.
+    span("1" * 16, "", "invoke_agent agent-governance", 0, 100)
     span(
         "2" * 16, "1" * 16, "governance.stage.queue", 10, 30,
         **{"governance.stage_id": str(stage.id), "governance.clock.queue_ms": 20_000},
@@ -732,7 +746,11 @@ def test_r6_1_waterfall_draws_queue_bars_from_the_stage_rows_when_no_queue_span_
             name=name,
             start=T0 + timedelta(seconds=start_s),
             end=T0 + timedelta(seconds=end_s),
-            attributes={"governance.run_id": str(run.id), **attrs},
+            attributes={
+                "governance.run_id": str(run.id),
+                "governance.span.kind": span_kind(name),
+                **attrs,
+            },
             run_id=run.id,
         )
 
