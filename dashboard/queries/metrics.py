@@ -28,6 +28,7 @@ from governance.models import (
 from governance.rules.refusal import refusal_verdict
 from governance.services.refusals import refusal_of, reprobe_delays
 
+REFUSAL_STATES = ("eligible", "cooling", "frozen")
 # By the run index's leading column (status, created_at): no scan of settled runs.
 UNSETTLED = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.FINALIZING, Run.Status.VERIFYING)
 
@@ -53,23 +54,25 @@ def fact_gauges(now: datetime) -> list[Gauge]:
 
 
 def _refusal_states(now: datetime) -> list[Gauge]:
-    """R3.2: per provider, the open segments it is cooling or frozen in."""
+    """R3.2: per provider, the open segments it is refused in, by state: cooling
+    (skipped until its next probe), eligible (its re-probe is due: the next turn
+    sends it once) or frozen (until a boundary). A segment where a provider was
+    never refused, or was accepted since, has no row: it is in none of these."""
     delays = reprobe_delays()
     states: Counter = Counter()
     for row in SegmentRefusal.objects.filter(segment__closed_at__isnull=True).only(
         "provider_id", "model", "category", "refusals", "refused_at", "delays_s"
     ):
-        verdict = refusal_verdict(refusal_of(row), now, delays)
-        if verdict.state != "eligible":
-            states[(row.provider_id, verdict.state)] += 1
+        states[(row.provider_id, refusal_verdict(refusal_of(row), now, delays).state)] += 1
     gauge = Gauge(
-        "governance_segments_refused",
-        "Open segments in which a provider is cooling or frozen (R3.2), by provider and state",
+        "governance_segments_by_refusal_state",
+        "Open segments in which a provider was refused (R3.2), by provider and state: "
+        "cooling, eligible (its re-probe is due) or frozen",
         ("provider", "state"),
     )
     providers = {provider for provider, _state in states}
     for provider in sorted(providers):
-        for state in ("cooling", "frozen"):
+        for state in REFUSAL_STATES:
             gauge.samples.append(((provider, state), states[(provider, state)]))
     return [gauge]
 

@@ -44,14 +44,16 @@ def scrape(client, token: str = TOKEN) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def segment_with(chain, refusals: dict[str, int], *, closed: bool = False):
+def segment_with(
+    chain, refusals: dict[str, int], *, closed: bool = False, ago=timedelta(minutes=1)
+):
     now = time_source.now()
     thread = services.create_thread(provider_chain=chain, now=now)
     segment = services.open_segment(thread)
     for provider_id, count in refusals.items():
         SegmentRefusal.objects.create(
             segment=segment, provider_id=provider_id, refusals=count,
-            refused_at=now - timedelta(minutes=1), category="content_filter",
+            refused_at=now - ago, category="content_filter",
         )  # fmt: skip
     if closed:
         type(segment).objects.filter(id=segment.id).update(closed_at=now)
@@ -79,19 +81,24 @@ def test_an_allowed_address_scrapes_without_a_token(client, settings):
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 401
 
 
-def test_r3_2_the_segments_each_provider_is_cooling_or_frozen_in(
+def test_r3_2_the_segments_each_provider_is_cooling_eligible_or_frozen_in(
     client, scrape_settings, providers
 ):
     segment_with(["alpha", "beta"], {"alpha": 4, "beta": 1})  # alpha frozen, beta cooling
     segment_with(["alpha"], {"alpha": 4})
     segment_with(["alpha"], {"alpha": 4}, closed=True)  # a boundary cleared it
+    # Refused once 20 minutes ago: its first re-probe (15 min) is due.
+    segment_with(["beta"], {"beta": 1}, ago=timedelta(minutes=20))
     samples = scrape(client)
-    frozen = samples[("governance_segments_refused", (("provider", "alpha"), ("state", "frozen")))]
-    cooling = samples[("governance_segments_refused", (("provider", "beta"), ("state", "cooling")))]
-    assert (frozen, cooling) == (2, 1)
-    assert (
-        samples[("governance_segments_refused", (("provider", "beta"), ("state", "frozen")))] == 0
-    )
+
+    def segments(provider: str, state: str) -> float:
+        return samples[
+            ("governance_segments_by_refusal_state", (("provider", provider), ("state", state)))
+        ]
+
+    assert (segments("alpha", "frozen"), segments("alpha", "cooling")) == (2, 0)
+    assert (segments("beta", "cooling"), segments("beta", "eligible")) == (1, 1)
+    assert (segments("alpha", "eligible"), segments("beta", "frozen")) == (0, 0)
 
 
 def test_r8_2_incidents_breakers_and_what_waits(client, scrape_settings, providers):
@@ -137,6 +144,9 @@ def test_a_scrape_costs_the_same_queries_with_more_rows_and_labels_stay_bounded(
     # Bounded labels: these names only, and never an id (a UUID, a segment key).
     keys = {key for _name, pairs in samples for key, _value in pairs}
     assert keys <= {"provider", "state", "status", "kind", "stage_kind", "clock", "timeout",
-                    "outcome", "effect", "event", "severity", "what", "channel", "le"}  # fmt: skip
+                    "outcome", "effect", "event", "severity", "what", "channel", "le", "tier",
+                    "currency", "resource", "gen_ai_operation_name", "gen_ai_provider_name",
+                    "gen_ai_request_model", "gen_ai_response_model", "gen_ai_token_type",
+                    "error_type"}  # fmt: skip
     values = {value for _name, pairs in samples for _key, value in pairs}
     assert not [v for v in values if "#" in v or len(v) >= 32], values

@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes the running system's
-GET /metrics with the bearer token, and its HTTP API reads the facts back:
-a segment frozen for one provider and cooling for another (R3.2), and the
-incident nobody acknowledged (R8.2)."""
+GET /metrics with the bearer token while a refusal is driven to a freeze on
+the real turn path, and its HTTP API reads back the frozen segment, the
+re-probe counters and the incident nobody acknowledged (R3.2, R8.2)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from datetime import timedelta
 
 import pytest
 
-from governance import services, time_source
-from governance.models import Incident, Provider, SegmentRefusal
 from governance.rules.outbound import parse_allow_list
+from tasks.jobs import tier_attempts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,39 +69,68 @@ def query(base: str, promql: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def read_back(base: str, promql: str, log, timeout: float = 30.0) -> dict[str, float]:
-    """The query's values by their ``provider`` (or "") once Prometheus has scraped."""
+def read_back(
+    base: str, promql: str, log, timeout: float = 30.0, *, key: str = "provider", until=bool
+) -> dict[str, float]:
+    """The query's values by their ``key`` label (or "") once Prometheus has
+    scraped what ``until`` waits for (any answer, by default)."""
     deadline = time.monotonic() + timeout
+    found: dict[str, float] = {}
     while time.monotonic() < deadline:
         try:
-            found = query(base, promql)
+            results = query(base, promql)
         except OSError:
-            found = []  # Prometheus is still starting
-        if found:
-            return {r["metric"].get("provider", ""): float(r["value"][1]) for r in found}
+            results = []  # Prometheus is still starting
+        found = {r["metric"].get(key, ""): float(r["value"][1]) for r in results}
+        if found and until(found):
+            return found
         time.sleep(0.5)
-    raise AssertionError(f"nothing for {promql}\n{log.read_text()[-2000:]}")
+    raise AssertionError(f"{found} for {promql}\n{log.read_text()[-2000:]}")
 
 
-def test_prometheus_reads_the_frozen_segment_and_the_unacknowledged_incident(prometheus):
+def test_r3_2_prometheus_reads_a_freeze_driven_through_the_engine(
+    prometheus, api, worker, manual_clock, scripted_provider
+):
+    """R3.2 on the real turn path: sentinel refuses the segment's bytes, is
+    re-probed after 15 min, 1 h and 6 h, refuses each time and is frozen;
+    harbor answers every turn. Prometheus reads the frozen segment, the sends
+    by tier (once the beat's tiering pass has decided them), the re-probes,
+    and the incident the freeze opened (R3.6, R8.2)."""
     base, log = prometheus
-    now = time_source.now()
-    for pid in ("sentinel", "harbor"):
-        Provider.objects.create(provider_id=pid, kind="scripted", model=f"{pid}-m", script={})
-    thread = services.create_thread(provider_chain=["sentinel", "harbor"], now=now)
-    segment = services.open_segment(thread)
-    # sentinel refused the original and its three re-probes: frozen; harbor once: cooling.
-    for pid, count in (("sentinel", 4), ("harbor", 1)):
-        SegmentRefusal.objects.create(
-            segment=segment, provider_id=pid, refusals=count, category="content_filter",
-            refused_at=now - timedelta(minutes=2),
-        )  # fmt: skip
-    Incident.objects.create(key="incident:p:1", segment=segment, opened_at=now)
+    scripted_provider("sentinel", {"default": {"refuse": {"category": "policy"}}})
+    scripted_provider("harbor", {"default": {"answer": {"text": "Here you are."}}})
+    thread = api.post(
+        "/api/v1/threads", {"provider_chain": ["sentinel", "harbor"]}, expect=201
+    ).json()
+    # This process's re-probes so far (other tests' included), once Prometheus has scraped.
+    assert read_back(base, 'up{job="governance"} == 1', log) == {"": 1.0}
+    reprobes_before = read_back(
+        base, 'sum(governance_turn_events_total{event="reprobe"}) or vector(0)', log, key=""
+    )[""]
+    for wait in (None, timedelta(minutes=15), timedelta(hours=1), timedelta(hours=6)):
+        if wait is not None:
+            manual_clock.advance(wait)
+        run = api.run_and_wait(thread["id"], "Tell me about the vault.")
+        assert run["settlement"]["outcome"] == "completed"
+        tier_attempts()  # the beat's pass: each send's tier, decided once
 
-    frozen = read_back(base, 'governance_segments_refused{state="frozen"} > 0', log)
+    frozen = read_back(base, 'governance_segments_by_refusal_state{state="frozen"} > 0', log)
     assert frozen == {"sentinel": 1.0}
-    cooling = read_back(base, 'governance_segments_refused{state="cooling"} > 0', log)
-    assert cooling == {"harbor": 1.0}
+    sends = read_back(
+        base, 'sum by (tier) (governance_refusal_sends_total{provider="sentinel"})', log,
+        key="tier", until=lambda found: len(found) == 4,
+    )  # fmt: skip
+    assert sends == {"original": 1.0, "re_probe_1": 1.0, "re_probe_2": 1.0, "re_probe_3": 1.0}
+    refused = read_back(
+        base, 'governance_provider_attempts_total{provider="sentinel"}', log, key="outcome"
+    )
+    assert refused == {"refusal": 4.0}  # R3.2: at most 4 sends in the segment
+    reprobes = read_back(
+        base, 'sum(governance_turn_events_total{event="reprobe"})', log, key="",
+        until=lambda found: found[""] >= reprobes_before + 3,
+    )  # fmt: skip
+    assert reprobes[""] - reprobes_before == 3
     assert read_back(base, 'governance_incidents_open{state="triggered"}', log) == {"": 1.0}
+    assert read_back(base, "governance_critical_notifications_unacknowledged", log) == {"": 1.0}
     up = read_back(base, 'up{job="governance"}', log)
     assert up == {"": 1.0}
