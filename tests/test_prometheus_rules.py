@@ -4,16 +4,14 @@ and every metric a rule names is one GET /metrics exports."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from governance.rules.outbound import parse_allow_list
 from tests.conftest import REPO_ROOT
+from tests.metrics_names import exported_names, promql_metric_names
 
 RULES = REPO_ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = REPO_ROOT / "deploy" / "prometheus" / "alerts_test.yml"
@@ -48,17 +46,11 @@ def test_every_rule_has_a_passing_unit_test():
 
 @pytest.mark.django_db
 def test_every_metric_a_rule_names_is_exported(client, settings):
-    settings.GOVERNANCE_METRICS_ALLOW = parse_allow_list(["127.0.0.0/8"])
-    scraped = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
-    exported = set()
-    for family in text_string_to_metric_families(scraped):
-        exported.add(family.name)
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
-        exported.update(family.name + s for s in suffixes.get(family.type, ()))
+    exported = exported_names(client, settings)
     named = {
         metric
         for group in yaml.safe_load(RULES.read_text())["groups"]
         for rule in group["rules"]
-        for metric in re.findall(r"\bgovernance_[a-z_]+", rule["expr"])
+        for metric in promql_metric_names(rule["expr"])
     }
     assert named and named <= exported, sorted(named - exported)

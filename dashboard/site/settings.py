@@ -177,6 +177,10 @@ STORAGES = {
 
 # --- Security: strict when DEBUG is off (manage.py check --deploy passes) ---
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+# Read inside the deployment over plain HTTP (the health check, Prometheus):
+# a redirect to https would only break them, as the request (and /metrics'
+# token) has been sent by then.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
@@ -488,6 +492,16 @@ if OTEL_TRACES_SAMPLER_ARG > 1:
     raise ImproperlyConfigured(
         f"OTEL_TRACES_SAMPLER_ARG must be at most 1, not {OTEL_TRACES_SAMPLER_ARG}"
     )
+# OpenTelemetry's GenAI conventions: "gen_ai_latest_experimental" in this
+# comma-separated list gives the latest names (invoke_agent, the conversation
+# id, content_filter, time to first chunk); without it the names emitted before
+# stay (tasks/instrumentation.py).
+OTEL_SEMCONV_STABILITY_OPT_IN = env_str("OTEL_SEMCONV_STABILITY_OPT_IN")
+# Prompt and answer contents in spans: only when this standard setting says so
+# (true, SPAN_ONLY or SPAN_AND_EVENT), under the latest conventions.
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = env_str(
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+)
 # The embedded span store (tasks/span_store.py): the spans the run page draws.
 GOVERNANCE_SPAN_STORE = env_bool("GOVERNANCE_SPAN_STORE", True)
 # The cap, by age and by count: checked by the writer every
