@@ -9,12 +9,15 @@ from datetime import UTC, datetime
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from governance import time_source
 from governance.models import ApiToken, Provider, Run
 from governance.services.broker import BROKER_EPOCH_KEY, lane_keys
 from governance.services.tokens import token_digest
-from tasks import celery_app
+from tasks import celery_app, instrumentation
 from tests.conftest import requires_services
 from tests.tasks.openai_door import (  # noqa: F401 (the door's fixtures, for its test modules)
     asgi_server,
@@ -22,6 +25,18 @@ from tests.tasks.openai_door import (  # noqa: F401 (the door's fixtures, for it
     lenient_server,
     provider_server,
 )
+
+
+@pytest.fixture
+def span_exporter():
+    """Every span the code emits in the test, kept in memory (its own provider)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentation.use_tracer_provider(provider)
+    yield exporter
+    instrumentation.use_tracer_provider(None)
+    provider.shutdown()
 
 
 @pytest.fixture

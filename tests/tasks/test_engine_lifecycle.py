@@ -8,9 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from governance import services
 from governance.models import (
@@ -294,13 +292,8 @@ def test_r6_1_watchdog_settles_a_run_past_its_deadline(
 
 
 @pytest.fixture
-def spans_memory():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    instrumentation.use_tracer_provider(provider)
-    yield exporter
-    instrumentation.use_tracer_provider(None)
+def spans_memory(span_exporter):
+    return span_exporter
 
 
 def test_r6_1_spans_carry_the_four_clocks_and_genai_attributes(

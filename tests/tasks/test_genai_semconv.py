@@ -14,9 +14,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from tasks import instrumentation
@@ -39,16 +36,6 @@ CONTENT_ATTRIBUTES = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai
 
 
 @pytest.fixture
-def finished_spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    instrumentation.use_tracer_provider(provider)
-    yield exporter
-    instrumentation.use_tracer_provider(None)
-
-
-@pytest.fixture
 def conventions():
     """Set the conventions as the two standard settings would; restored after."""
     previous = instrumentation.current_semconv()
@@ -60,7 +47,7 @@ def conventions():
     instrumentation.use_semconv(previous)
 
 
-def one_run(api, scripted_provider, finished_spans) -> tuple[dict, dict]:
+def one_run(api, scripted_provider, span_exporter) -> tuple[dict, dict]:
     scripted_provider("shy", REFUSES)
     scripted_provider("able", CALLS_THEN_ANSWERS)
     thread = api.post(
@@ -70,7 +57,7 @@ def one_run(api, scripted_provider, finished_spans) -> tuple[dict, dict]:
     ).json()
     run = api.run_and_wait(thread["id"], f"What is six times seven? ({SECRET_WORDS})")
     assert run["settlement"]["outcome"] == "completed", run["settlement"]
-    return thread, {"spans": finished_spans.get_finished_spans()}
+    return thread, {"spans": span_exporter.get_finished_spans()}
 
 
 def of_kind(spans, kind: str) -> list:
@@ -78,10 +65,10 @@ def of_kind(spans, kind: str) -> list:
 
 
 def test_r6_1_without_the_opt_in_the_names_emitted_before_stay(
-    api, worker, manual_clock, scripted_provider, finished_spans, conventions
+    api, worker, manual_clock, scripted_provider, span_exporter, conventions
 ):
     conventions("")
-    thread, found = one_run(api, scripted_provider, finished_spans)
+    thread, found = one_run(api, scripted_provider, span_exporter)
     spans = found["spans"]
     (run_span,) = of_kind(spans, "run")
     assert run_span.name == "governance.run"
@@ -103,10 +90,10 @@ def test_r6_1_without_the_opt_in_the_names_emitted_before_stay(
 
 
 def test_r6_1_with_the_opt_in_spans_speak_the_latest_genai_conventions(
-    api, worker, manual_clock, scripted_provider, finished_spans, conventions
+    api, worker, manual_clock, scripted_provider, span_exporter, conventions
 ):
     conventions("http,gen_ai_latest_experimental")
-    thread, found = one_run(api, scripted_provider, finished_spans)
+    thread, found = one_run(api, scripted_provider, span_exporter)
     spans = found["spans"]
     conversation = str(thread["id"])
 
@@ -148,10 +135,10 @@ def test_r6_1_with_the_opt_in_spans_speak_the_latest_genai_conventions(
 
 
 def test_r6_1_contents_only_when_the_capture_setting_asks(
-    api, worker, manual_clock, scripted_provider, finished_spans, conventions
+    api, worker, manual_clock, scripted_provider, span_exporter, conventions
 ):
     conventions("gen_ai_latest_experimental", capture="SPAN_ONLY")
-    _thread, found = one_run(api, scripted_provider, finished_spans)
+    _thread, found = one_run(api, scripted_provider, span_exporter)
     answered = [
         s
         for s in of_kind(found["spans"], "attempt")

@@ -53,14 +53,8 @@ def clocks(queue=0, execution=0, no_progress=0, deadline_remaining=600_000) -> d
 
 
 @pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    instrumentation.use_tracer_provider(provider)
-    yield exporter
-    instrumentation.use_tracer_provider(None)
-    provider.shutdown()
+def spans(span_exporter):
+    return span_exporter
 
 
 @pytest.fixture

@@ -63,8 +63,12 @@ def test_genai_metrics_cost_and_refusal_sends_by_tier(
     tier_attempts()
     after = scrape(client)
 
-    chat = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "able",
-            "gen_ai_request_model": "able-model", "gen_ai_response_model": "able-model"}  # fmt: skip
+    chat = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "able",
+        "gen_ai_request_model": "able-model",
+        "gen_ai_response_model": "able-model",
+    }
     duration = "gen_ai_client_operation_duration_seconds_count"
     assert delta(before, after, duration, **chat, error_type="") == 2
     refused = {**chat, "gen_ai_provider_name": "shy", "gen_ai_request_model": "shy-model",
