@@ -686,6 +686,14 @@ class Notification(models.Model):
     class Meta:
         ordering = ["-created_at"]
         permissions = [("acknowledge_notification", "Can acknowledge alerts")]
+        indexes = [
+            # GET /metrics counts these at every scrape: no scan of the history.
+            models.Index(
+                fields=["incident"],
+                name="notification_critical_unacked",
+                condition=Q(severity="critical", acked_at__isnull=True),
+            ),
+        ]
 
 
 class BudgetAccount(models.Model):

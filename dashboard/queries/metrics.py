@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, Min
+from django.db.models import Case, CharField, Count, Min, Q, Value, When
 
 from governance.models import (
     Incident,
@@ -25,8 +25,13 @@ from governance.models import (
     ToolApproval,
     ToolReceipt,
 )
-from governance.rules.refusal import refusal_verdict
-from governance.services.refusals import refusal_of, reprobe_delays
+from governance.rules.refusal import (
+    ProviderRefusal,
+    cooling_from,
+    delays_from_seconds,
+    refusal_verdict,
+)
+from governance.services.refusals import reprobe_delays
 
 REFUSAL_STATES = ("eligible", "cooling", "frozen")
 # By the run index's leading column (status, created_at): no scan of settled runs.
@@ -57,13 +62,42 @@ def _refusal_states(now: datetime) -> list[Gauge]:
     """R3.2: per provider, the open segments it is refused in, by state: cooling
     (skipped until its next probe), eligible (its re-probe is due: the next turn
     sends it once) or frozen (until a boundary). A segment where a provider was
-    never refused, or was accepted since, has no row: it is in none of these."""
-    delays = reprobe_delays()
+    never refused, or was accepted since, has no row: it is in none of these.
+
+    Counted by the database in two aggregate queries, whatever the number of
+    rows. The verdict stays R3.2's own: for each (count, schedule) the open rows
+    hold, ``refusal_verdict`` is asked about a refusal of that count made now;
+    its ``next_probe_at`` gives the time such a refusal cools for, and
+    ``cooling_from`` the earliest ``refused_at`` still cooling now: exactly the
+    rule's ``now < next_probe_at``, read in its whole milliseconds.
+    """
+    default = reprobe_delays()
+    rows = SegmentRefusal.objects.filter(segment__closed_at__isnull=True).order_by()
+    cases = []
+    for count, delays_s in rows.values_list("refusals", "delays_s").distinct():
+        same = Q(refusals=count) if count is not None else Q(refusals__isnull=True)
+        same &= Q(delays_s=delays_s) if delays_s is not None else Q(delays_s__isnull=True)
+        made_now = ProviderRefusal(
+            "", refusals=count, refused_at=now, delays=delays_from_seconds(delays_s)
+        )
+        verdict = refusal_verdict(made_now, now, default)
+        if verdict.state == "cooling":
+            since = cooling_from(now, verdict.next_probe_at - now)
+            cases.append(When(same & Q(refused_at__gte=since), then=Value("cooling")))
+            # Refused long enough ago: due; an unknown time reads as frozen (R3.4).
+            cases.append(When(same & Q(refused_at__isnull=False), then=Value("eligible")))
+            cases.append(When(same, then=Value("frozen")))
+        else:
+            cases.append(When(same, then=Value(verdict.state)))
     states: Counter = Counter()
-    for row in SegmentRefusal.objects.filter(segment__closed_at__isnull=True).only(
-        "provider_id", "model", "category", "refusals", "refused_at", "delays_s"
-    ):
-        states[(row.provider_id, refusal_verdict(refusal_of(row), now, delays).state)] += 1
+    if cases:
+        counted = (
+            rows.annotate(state=Case(*cases, default=Value("frozen"), output_field=CharField()))
+            .values_list("provider_id", "state")
+            .annotate(n=Count("id"))
+        )
+        for provider, state, n in counted:
+            states[(provider, state)] += n
     gauge = Gauge(
         "governance_segments_by_refusal_state",
         "Open segments in which a provider was refused (R3.2), by provider and state: "
@@ -79,18 +113,22 @@ def _refusal_states(now: datetime) -> list[Gauge]:
 
 def _incidents(now: datetime) -> list[Gauge]:
     """R8.2: incidents by state, and how long the oldest has waited for a person."""
+    open_states = (Incident.State.TRIGGERED, Incident.State.ACKNOWLEDGED)
     counts = dict(
-        Incident.objects.exclude(state=Incident.State.RESOLVED)
+        Incident.objects.filter(state__in=open_states)  # by the state index
         .values_list("state")
         .annotate(n=Count("id"))
         .values_list("state", "n")
     )
     by_state = Gauge("governance_incidents_open", "Open incidents by state (R8.2)", ("state",))
-    for state in (Incident.State.TRIGGERED, Incident.State.ACKNOWLEDGED):
+    for state in open_states:
         by_state.samples.append(((state,), counts.get(state, 0)))
     oldest = Incident.objects.filter(state=Incident.State.TRIGGERED).aggregate(at=Min("opened_at"))
-    unacked = Notification.objects.filter(severity="critical", acked_at__isnull=True).exclude(
-        incident__state=Incident.State.RESOLVED
+    # By the partial index of unacknowledged critical notifications.
+    unacked = Notification.objects.filter(
+        Q(incident__isnull=True) | Q(incident__state__in=open_states),
+        severity="critical",
+        acked_at__isnull=True,
     )
     waited = Gauge(
         "governance_incident_unacknowledged_oldest_seconds",
@@ -164,9 +202,9 @@ def _approvals() -> Gauge:
     gauge.samples.append(
         (
             (),
-            ToolApproval.objects.filter(state=ToolApproval.State.PENDING)
-            .exclude(run__status=Run.Status.SETTLED)
-            .count(),
+            ToolApproval.objects.filter(
+                state=ToolApproval.State.PENDING, run__status__in=UNSETTLED
+            ).count(),
         )
     )
     return gauge

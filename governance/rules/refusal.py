@@ -283,6 +283,15 @@ def refusal_verdict(
     return RefusalVerdict("eligible", reprobes, None)
 
 
+def cooling_from(now: datetime, cools_for: timedelta) -> datetime:
+    """R3.2, R3.4: the earliest ``refused_at`` of a refusal that, cooling for
+    ``cools_for`` after it (``next_probe_at - refused_at``), still cools at
+    ``now``: ``refusal_verdict`` reads ``refused_at`` in whole milliseconds, so
+    it is the first whole millisecond after ``now - cools_for``. What a
+    database compares its rows with to count them as the verdict would."""
+    return from_epoch_ms((as_utc(now) - cools_for - _EPOCH) // _MS + 1)
+
+
 def reprobe_due(state: str, refusals: int | None) -> bool:
     """R3.2: the next send to a provider is a re-probe when it is eligible again
     with refusals recorded in the segment (one send, no re-render)."""

@@ -4,6 +4,7 @@ the token or from an allowed address only; gauges read by aggregate queries
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -150,3 +151,53 @@ def test_a_scrape_costs_the_same_queries_with_more_rows_and_labels_stay_bounded(
                     "error_type"}  # fmt: skip
     values = {value for _name, pairs in samples for _key, value in pairs}
     assert not [v for v in values if "#" in v or len(v) >= 32], values
+
+
+def test_r3_2_the_database_counts_each_row_as_the_rule_judges_it(
+    client, scrape_settings, providers, request
+):
+    """R3.2, R3.4: the gauge is counted by the database; each open row must land
+    in the state ``refusal_verdict`` gives it — default and stored schedules,
+    the instant the re-probe is due, an unknown time and a legacy row."""
+    from governance.rules.refusal import refusal_verdict
+    from governance.services.refusals import refusal_of, reprobe_delays
+
+    now = time_source.now().replace(microsecond=0)
+    clock = time_source.ManualClock(now)  # the scrape reads this same instant
+    time_source.install(clock)
+    request.addfinalizer(lambda: time_source.install(None))
+    shapes = [
+        # (refusals, refused ago, stored schedule in seconds)
+        (1, timedelta(minutes=1), None),  # cooling
+        (1, timedelta(minutes=15), None),  # due at this very instant: eligible
+        (1, timedelta(minutes=15) - timedelta(microseconds=1), None),  # cooling still
+        (2, timedelta(minutes=30), None),  # second re-probe in 1 h: cooling
+        (3, timedelta(hours=7), None),  # third re-probe due: eligible
+        (4, timedelta(minutes=1), None),  # frozen
+        (1, timedelta(minutes=3), [120, 600]),  # its own schedule: due after 2 min
+        (2, timedelta(minutes=3), [120, 600]),  # cooling for 10 min
+        (3, timedelta(days=9), [120, 600]),  # past its schedule: frozen
+        (None, timedelta(minutes=1), None),  # legacy row: frozen
+        (1, None, None),  # unknown time: frozen
+        (0, timedelta(minutes=1), None),  # no refusal counted: eligible
+    ]
+    expected = Counter()
+    for index, (count, ago, delays_s) in enumerate(shapes):
+        thread = services.create_thread(provider_chain=["alpha", "beta"], now=now)
+        segment = services.open_segment(thread)
+        provider = "alpha" if index % 2 else "beta"
+        row = SegmentRefusal.objects.create(
+            segment=segment, provider_id=provider, refusals=count, delays_s=delays_s,
+            refused_at=None if ago is None else now - ago, category="content_filter",
+        )  # fmt: skip
+        expected[(provider, refusal_verdict(refusal_of(row), now, reprobe_delays()).state)] += 1
+    assert {state for _p, state in expected} == {"eligible", "cooling", "frozen"}
+    samples = scrape(client)
+    counted = Counter(
+        {
+            (dict(labels)["provider"], dict(labels)["state"]): value
+            for (name, labels), value in samples.items()
+            if name == "governance_segments_by_refusal_state" and value
+        }
+    )
+    assert counted == expected

@@ -19,6 +19,7 @@ from governance.rules.refusal import (
     RefusalError,
     RefusalVerdict,
     card_entry,
+    cooling_from,
     epoch_ms,
     every_provider_frozen,
     parse_segment_key,
@@ -136,6 +137,23 @@ def test_r3_2_no_state_is_eligible():
 def test_r3_2_cooling_until_refused_at_plus_the_step_delay(count, delay):
     verdict = refusal_verdict(refused(count), T0 + delay - timedelta(milliseconds=1))
     assert verdict == RefusalVerdict("cooling", count - 1, T0 + delay)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(min_value=1, max_value=3),
+    now_us=st.integers(min_value=0, max_value=10**6),
+    offset_us=st.integers(min_value=-5000, max_value=5000),
+)
+def test_r3_2_cooling_from_agrees_with_the_verdict_to_the_microsecond(count, now_us, offset_us):
+    """R3.2, R3.4: a refusal is cooling exactly when refused at or after
+    ``cooling_from`` (what lets GET /metrics have the database count the
+    states), around the boundary, where whole milliseconds matter."""
+    delay = REFUSAL_REPROBE_DELAYS[count - 1]
+    now = T0 + timedelta(microseconds=now_us)
+    refused_at = now - delay + timedelta(microseconds=offset_us)
+    cooling = refusal_verdict(refused(count, when=refused_at), now).state == "cooling"
+    assert cooling == (refused_at >= cooling_from(now, delay))
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
