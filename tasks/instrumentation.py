@@ -507,14 +507,13 @@ def end_run_span(
     ended_at: datetime,
     attributes: Mapping[str, Any] | None = None,
     conversation_id: Any = None,
-    provider_name: Any = None,
 ) -> None:
     """Emit the root ``governance.run`` span with the id allocated at admission.
 
     Under the latest GenAI conventions it is the ``invoke_agent {agent}`` span
-    of the conversation (the thread); ``provider_name`` is the vendor of the
-    thread's first provider. Emitting it twice (a redelivered settlement)
-    produces the same ids; the span store keeps one row.
+    of the conversation (the thread); a run may ask several providers, so its
+    provider is on its ``chat`` spans. Emitting it twice (a redelivered
+    settlement) produces the same ids; the span store keeps one row.
     """
     run = _run_span_context(carrier)
     if run is None:
@@ -549,7 +548,6 @@ def end_run_span(
                     "gen_ai.operation.name": "invoke_agent",
                     "gen_ai.agent.name": _semconv.agent_name,
                     "gen_ai.conversation.id": conversation_id,
-                    "gen_ai.provider.name": provider_name,
                 }
             )
         )
@@ -673,9 +671,9 @@ def execution_span(
     """R6.1: a stage's execution, child of the run span and current inside the block.
 
     Attempt spans opened in the block are its children (and name
-    ``conversation_id``, the thread, under the latest GenAI conventions). If the block raises,
-    the exception is recorded and the span still ends (at the injected clock's
-    now unless ``.end()`` was called).
+    ``conversation_id``, the thread, under the latest GenAI conventions). If
+    the block raises, the exception is recorded and the span still ends (at
+    the injected clock's now unless ``.end()`` was called).
     """
     span = get_tracer().start_span(
         EXECUTION_SPAN_NAME,
