@@ -5,7 +5,9 @@ scrape exports, and the names a PromQL expression queries."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
+import promql_parser
 from prometheus_client.parser import text_string_to_metric_families
 
 from governance.rules.outbound import parse_allow_list
@@ -33,81 +35,48 @@ def exported_names(client, settings) -> set[str]:
     return exported
 
 
-# Words of PromQL that are never a metric when not followed by "(": binary
-# operators, modifiers, and the keywords before a label list.
-KEYWORDS = frozenset(
-    {"and", "or", "unless", "bool", "offset", "atan2", "inf", "nan"}
-    | {"by", "without", "on", "ignoring", "group_left", "group_right"}
-)
-# Keywords whose "(...)" that follows is a list of label names.
-LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 # Grafana's template variables: ${name}, ${name:format}, $name, [[name]].
 TEMPLATE_VARIABLE = re.compile(r"\$\{[^}]*\}|\$[A-Za-z_]\w*|\[\[[^\]]*\]\]")
-TOKEN = re.compile(
-    r"""(?P<space>\s+)
-      | (?P<comment>\#[^\n]*)
-      | (?P<string>"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`)
-      | (?P<number>[0-9][0-9A-Za-z_.]*|\.[0-9][0-9A-Za-z_.]*)
-      | (?P<identifier>[A-Za-z_:][A-Za-z0-9_:]*)
-      | (?P<punctuation>=~|!~|!=|==|<=|>=|.)""",
-    re.VERBOSE,
-)
 
 
-def _tokens(expression: str) -> list[tuple[str, str]]:
-    # A variable is neither an identifier nor a duration: it stands for one.
-    text = TEMPLATE_VARIABLE.sub(" 0 ", expression)
-    found = []
-    for match in TOKEN.finditer(text):
-        kind = match.lastgroup
-        if kind not in ("space", "comment"):
-            found.append((kind, match.group()))
-    return found
+def parse_promql(expression: str) -> promql_parser.Expr:
+    """An expression as Prometheus parses it (``promql_parser``, a binding of the
+    Rust port of Prometheus's parser); a Grafana variable stands for a duration
+    in a range, for a number elsewhere."""
+    for stand_in in ("5m", "0"):
+        try:
+            return promql_parser.parse(TEMPLATE_VARIABLE.sub(stand_in, expression))
+        except ValueError:
+            continue
+    return promql_parser.parse(expression)  # raises, naming what does not parse
+
+
+def _selected(node) -> Iterator[str]:
+    if isinstance(node, promql_parser.VectorSelector):
+        if node.name:
+            yield node.name
+        for matcher in node.matchers.matchers:
+            if matcher.name == "__name__" and matcher.op == promql_parser.MatchOp.Equal:
+                yield matcher.value
+    elif isinstance(node, promql_parser.MatrixSelector):
+        yield from _selected(node.vector_selector)
+    elif isinstance(node, promql_parser.BinaryExpr):
+        yield from _selected(node.lhs)
+        yield from _selected(node.rhs)
+    elif isinstance(node, promql_parser.Call):
+        for argument in node.args:
+            yield from _selected(argument)
+    elif isinstance(node, promql_parser.AggregateExpr):
+        yield from _selected(node.expr)
+        if node.param is not None:
+            yield from _selected(node.param)
+    elif isinstance(
+        node, (promql_parser.ParenExpr, promql_parser.UnaryExpr, promql_parser.SubqueryExpr)
+    ):
+        yield from _selected(node.expr)
 
 
 def promql_metric_names(expression: str) -> set[str]:
-    """Every metric a PromQL expression selects: an identifier outside ``{}``
-    and ``[]`` that is not followed by ``(`` or by/without (a function or an
-    aggregation), is no keyword and is not in the label list after by,
-    without, on, ignoring, group_left or group_right; plus
-    ``{__name__="..."}``."""
-    tokens = _tokens(expression)
-    names: set[str] = set()
-    braces = brackets = 0
-    label_list_depth = None  # the parenthesis depth of a label list being read
-    depth = 0
-    for i, (kind, text) in enumerate(tokens):
-        following = tokens[i + 1][1] if i + 1 < len(tokens) else ""
-        if kind == "punctuation":
-            if text == "{":
-                braces += 1
-            elif text == "}":
-                braces -= 1
-            elif text == "[":
-                brackets += 1
-            elif text == "]":
-                brackets -= 1
-            elif text == "(":
-                depth += 1
-            elif text == ")":
-                if label_list_depth == depth:
-                    label_list_depth = None
-                depth -= 1
-            continue
-        if kind != "identifier" or brackets or label_list_depth is not None:
-            continue
-        if braces:
-            # A label matcher: only __name__="x" names a metric.
-            if text == "__name__" and following == "=" and i + 2 < len(tokens):
-                value_kind, value = tokens[i + 2]
-                if value_kind == "string":
-                    names.add(value[1:-1])
-            continue
-        if text.lower() in KEYWORDS:  # PromQL's keywords are case-insensitive
-            if text.lower() in LABEL_LISTS and following == "(":
-                label_list_depth = depth + 1
-            continue
-        if following == "(" or following.lower() in ("by", "without"):
-            continue  # a function, or an aggregation (its clause before or after)
-        names.add(text)
-    return names
+    """Every metric a PromQL expression selects, read from its syntax tree: the
+    names of its vector selectors (and ``{__name__="..."}``)."""
+    return set(_selected(parse_promql(expression)))

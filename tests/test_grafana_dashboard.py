@@ -93,13 +93,18 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ("sum(foo) by (bar)", {"foo"}),
         ("topk(5, foo) and on() bar unless baz", {"foo", "bar", "baz"}),
         ('label_replace(foo, "dst", "$1", "src", "(.*)")', {"foo"}),
-        ("rate (foo[1m]) @ start() # a comment naming not_a_metric", {"foo"}),
+        ("rate (foo[1m] @ start()) # a comment naming not_a_metric", {"foo"}),
         ('count({__name__="runs_total", status="queued"}) > bool 1e3', {"runs_total"}),
         ('rec:rule:rate5m{job="x"}[5m:30s]', {"rec:rule:rate5m"}),
     ],
 )
 def test_the_reader_finds_metrics_and_nothing_else(expression, metrics):
     assert promql_metric_names(expression) == metrics
+
+
+def test_the_reader_refuses_what_prometheus_would_not_parse():
+    with pytest.raises(ValueError):
+        promql_metric_names("sum(rate(governance_turn_events_total[5m])")
 
 
 # --- The dashboard ---
