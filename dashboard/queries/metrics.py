@@ -13,27 +13,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Case, CharField, Count, Min, Q, Value, When
+from django.db.models import Count, Min, Q
 
+from dashboard.queries.refusal_states import STATES, open_refusals, with_state
 from governance.models import (
     Incident,
     Notification,
     ProviderHealthState,
     Run,
-    SegmentRefusal,
     Stage,
     ToolApproval,
     ToolReceipt,
 )
-from governance.rules.refusal import (
-    ProviderRefusal,
-    cooling_from,
-    delays_from_seconds,
-    refusal_verdict,
-)
-from governance.services.refusals import reprobe_delays
 
-REFUSAL_STATES = ("eligible", "cooling", "frozen")
 # By the run index's leading column (status, created_at): no scan of settled runs.
 UNSETTLED = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.FINALIZING, Run.Status.VERIFYING)
 
@@ -63,41 +55,15 @@ def _refusal_states(now: datetime) -> list[Gauge]:
     (skipped until its next probe), eligible (its re-probe is due: the next turn
     sends it once) or frozen (until a boundary). A segment where a provider was
     never refused, or was accepted since, has no row: it is in none of these.
-
-    Counted by the database in two aggregate queries, whatever the number of
-    rows. The verdict stays R3.2's own: for each (count, schedule) the open rows
-    hold, ``refusal_verdict`` is asked about a refusal of that count made now;
-    its ``next_probe_at`` gives the time such a refusal cools for, and
-    ``cooling_from`` the earliest ``refused_at`` still cooling now: exactly the
-    rule's ``now < next_probe_at``, read in its whole milliseconds.
-    """
-    default = reprobe_delays()
-    rows = SegmentRefusal.objects.filter(segment__closed_at__isnull=True).order_by()
-    cases = []
-    for count, delays_s in rows.values_list("refusals", "delays_s").distinct():
-        same = Q(refusals=count) if count is not None else Q(refusals__isnull=True)
-        same &= Q(delays_s=delays_s) if delays_s is not None else Q(delays_s__isnull=True)
-        made_now = ProviderRefusal(
-            "", refusals=count, refused_at=now, delays=delays_from_seconds(delays_s)
-        )
-        verdict = refusal_verdict(made_now, now, default)
-        if verdict.state == "cooling":
-            since = cooling_from(now, verdict.next_probe_at - now)
-            cases.append(When(same & Q(refused_at__gte=since), then=Value("cooling")))
-            # Refused long enough ago: due; an unknown time reads as frozen (R3.4).
-            cases.append(When(same & Q(refused_at__isnull=False), then=Value("eligible")))
-            cases.append(When(same, then=Value("frozen")))
-        else:
-            cases.append(When(same, then=Value(verdict.state)))
+    Counted by the database (``refusal_states``), whatever the number of rows."""
+    counted = (
+        with_state(open_refusals(), now)
+        .values_list("provider_id", "refusal_state")
+        .annotate(n=Count("id"))
+    )
     states: Counter = Counter()
-    if cases:
-        counted = (
-            rows.annotate(state=Case(*cases, default=Value("frozen"), output_field=CharField()))
-            .values_list("provider_id", "state")
-            .annotate(n=Count("id"))
-        )
-        for provider, state, n in counted:
-            states[(provider, state)] += n
+    for provider, state, n in counted:
+        states[(provider, state)] += n
     gauge = Gauge(
         "governance_segments_by_refusal_state",
         "Open segments in which a provider was refused (R3.2), by provider and state: "
@@ -106,7 +72,7 @@ def _refusal_states(now: datetime) -> list[Gauge]:
     )
     providers = {provider for provider, _state in states}
     for provider in sorted(providers):
-        for state in REFUSAL_STATES:
+        for state in STATES:
             gauge.samples.append(((provider, state), states[(provider, state)]))
     return [gauge]
 

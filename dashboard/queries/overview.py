@@ -6,9 +6,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count
+from django.db.models import Case, Count, Max, Value, When
 
 from dashboard.queries import incidents as incident_queries
+from dashboard.queries.refusal_states import open_refusals, with_state
 from governance import services
 from governance.models import (
     AlertChannel,
@@ -48,12 +49,27 @@ class TroubledSegment:
 
 
 def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegment], int]:
-    """Open segments with a frozen or cooling provider, frozen first."""
+    """Open segments with a frozen or cooling provider, frozen first, newest first.
+
+    The database picks the ``limit`` segments to show and counts the others
+    (``refusal_states``: R3.2's verdict as SQL can filter by it), so the page
+    reads those segments' rows only, whatever the number of segments in
+    trouble; each card is then the rule's own verdict of its rows."""
     delays = services.reprobe_delays()
+    troubled = with_state(open_refusals(), now).exclude(refusal_state="eligible")
+    by_segment_rows = troubled.values("segment_id").annotate(
+        frozen=Max(Case(When(refusal_state="frozen", then=Value(1)), default=Value(0))),
+        opened=Max("segment__opened_at"),
+    )
+    total = by_segment_rows.count()
+    shown = [
+        row["segment_id"]
+        for row in by_segment_rows.order_by("-frozen", "-opened", "segment_id")[:limit]
+    ]
     # The card shows a segment's key and link only: its other columns (tool schemas,
     # system prompt, the thread) are not read for every troubled row.
     rows = (
-        SegmentRefusal.objects.filter(segment__closed_at__isnull=True)
+        SegmentRefusal.objects.filter(segment_id__in=shown)
         .select_related("segment")
         .only(
             "segment", "provider_id", "model", "category", "refusals", "refused_at",
@@ -85,9 +101,9 @@ def troubled_segments(now: datetime, limit: int = 10) -> tuple[list[TroubledSegm
         by_segment[segment_id] = TroubledSegment(segments[segment_id], providers, worst)
     ordered = sorted(
         by_segment.values(),
-        key=lambda t: (t.worst != "frozen", -t.segment.opened_at.timestamp()),
+        key=lambda t: (t.worst != "frozen", -t.segment.opened_at.timestamp(), t.segment.id),
     )
-    return ordered[:limit], len(ordered)
+    return ordered, total
 
 
 def runs_by_state(now: datetime) -> dict[str, list[tuple[str, int]]]:

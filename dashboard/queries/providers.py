@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Count, Q
+from django.db.models import Case, Count, F, Q, Value, When, Window
+from django.db.models.functions import RowNumber
 
+from dashboard.queries.refusal_states import with_state
 from dashboard.queries.secrets import secret_present, secret_refused
 from governance import services
 from governance.models import (
@@ -183,17 +185,37 @@ def _add_failures(rows: list[ProviderRow], now: datetime) -> None:
 
 
 def _add_refused_segments(rows: list[ProviderRow], now: datetime) -> None:
-    """Each row's open segments where it is cooling or frozen (R3.2), frozen first."""
+    """Each row's open segments where it is cooling or frozen (R3.2), frozen first.
+
+    The database counts each provider's segments in trouble and picks the
+    ``MAX_SEGMENTS_SHOWN`` it shows (``refusal_states``: R3.2's verdict as SQL
+    can filter by it), so the page reads those rows only, whatever the number
+    of segments in trouble; each one shown is then the rule's own verdict."""
     by_id = {row.provider_id: row for row in rows}
     delays = services.reprobe_delays()
-    # Only what a row shows (the segment's key, the thread's title): not every column of
-    # each open segment and thread with a refusal row.
     # The open segments' ids from their partial index (no row read), then only the
     # refusals among them: joined on ``closed_at``, PostgreSQL read every open segment's
     # row to keep the few with a refusal (bench/scale.py: 2,000 rows for 95, 9 ms).
     open_segments = Segment.objects.filter(closed_at__isnull=True).values("id")
+    troubled = with_state(
+        SegmentRefusal.objects.filter(provider_id__in=by_id, segment_id__in=open_segments),
+        now,
+    ).exclude(refusal_state="eligible")
+    totals = dict(troubled.order_by().values_list("provider_id").annotate(n=Count("id")))
+    # Frozen first, then the latest refusal first (an unknown time first: it reads frozen).
+    first = Window(
+        RowNumber(),
+        partition_by=[F("provider_id")],
+        order_by=[
+            Case(When(refusal_state="frozen", then=Value(0)), default=Value(1)).asc(),
+            F("refused_at").desc(nulls_first=True),
+            F("id").asc(),
+        ],
+    )
+    # Only what a row shows (the segment's key, the thread's title).
     refusals = (
-        SegmentRefusal.objects.filter(provider_id__in=by_id, segment_id__in=open_segments)
+        troubled.annotate(place=first)
+        .filter(place__lte=MAX_SEGMENTS_SHOWN)
         .select_related("segment", "segment__thread")
         .only(
             "segment", "provider_id", "model", "category", "refusals", "refused_at",
@@ -227,7 +249,7 @@ def _add_refused_segments(rows: list[ProviderRow], now: datetime) -> None:
         )
         row = by_id[provider_id]
         row.segments = segments[:MAX_SEGMENTS_SHOWN]
-        row.more_segments = max(0, len(segments) - MAX_SEGMENTS_SHOWN)
+        row.more_segments = max(0, totals.get(provider_id, 0) - len(row.segments))
 
 
 # --- alert channels (R8.2): a channel a permanent failure disabled stays visible ---

@@ -167,3 +167,42 @@ def test_r3_2_the_overview_states_the_schedule_in_force(client, oncall, settings
     body = client.get(reverse("overview")).content.decode()
     assert "Re-probe delays: 1 min, 5 min — at most 3 sends per segment" in body
     assert "15 min" not in body
+
+
+def test_r3_2_the_database_picks_the_segments_in_trouble_frozen_then_newest():
+    """R3.2: the overview shows ten segments in trouble, frozen ones first and
+    newest first, and counts the rest; a due re-probe (eligible) or a closed
+    segment is no trouble. The choice is the database's, each card the rule's."""
+    from dashboard.queries.overview import troubled_segments
+
+    now = time_source.now().replace(microsecond=0)
+    time_source.install(time_source.ManualClock(now))
+    try:
+        for pid in ("alpha", "beta"):
+            Provider.objects.create(provider_id=pid, kind="scripted", model=f"{pid}-m")
+        made = {}
+        # (refusals of alpha, refused ago, closed?) per segment, opened a minute apart.
+        shapes = [(4, 1, False)] * 4 + [(1, 1, False)] * 8 + [(1, 20, False), (4, 1, True)]
+        for n, (count, minutes_ago, closed) in enumerate(shapes):
+            thread = services.create_thread(provider_chain=["alpha", "beta"], now=now)
+            segment = services.open_segment(thread)
+            type(segment).objects.filter(id=segment.id).update(
+                opened_at=now - timedelta(minutes=100 - n),
+                closed_at=now if closed else None,
+            )
+            SegmentRefusal.objects.create(
+                segment=segment, provider_id="alpha", refusals=count,
+                refused_at=now - timedelta(minutes=minutes_ago),
+            )  # fmt: skip
+            made[segment.id] = (count, minutes_ago, closed, n)
+        shown, total = troubled_segments(now, limit=10)
+    finally:
+        time_source.install(None)
+    # 4 frozen and 8 cooling are in trouble; the due one (20 min) and the closed one are not.
+    assert total == 12
+    assert [t.worst for t in shown] == ["frozen"] * 4 + ["cooling"] * 6
+    frozen_order = [made[t.segment.id][3] for t in shown[:4]]
+    cooling_order = [made[t.segment.id][3] for t in shown[4:]]
+    assert frozen_order == [3, 2, 1, 0]  # newest first
+    assert cooling_order == [11, 10, 9, 8, 7, 6]
+    assert all(p["provider_id"] == "alpha" for t in shown for p in t.providers)

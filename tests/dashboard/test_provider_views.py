@@ -314,7 +314,9 @@ def test_r2_2_query_count_does_not_grow_with_providers(
 
     client.force_login(oncall)
     build(["p00", "p01"])
-    with django_assert_max_num_queries(9) as few:  # one: the nav's incident count
+    # One is the nav's incident count; two count the segments in trouble in SQL
+    # (refusal_states): none grows with the rows.
+    with django_assert_max_num_queries(11) as few:
         assert client.get(reverse("providers")).status_code == 200
     build([f"p{i:02d}" for i in range(2, 12)])
     with django_assert_max_num_queries(len(few.captured_queries)):
@@ -362,3 +364,34 @@ def test_r2_3_the_counts_of_the_second_page_are_its_providers_own(client, oncall
     assert "Last 24 h: 2 attempts, 0 accepted" in card(page_one, "p00")
     assert "Last 24 h: 4 attempts, 1 accepted" in card(page_two, "p26")
     assert "Last 24 h: 0 attempts" in card(page_two, "p25")
+
+
+def test_r3_2_a_provider_card_shows_ten_segments_in_trouble_frozen_first_and_counts_the_rest(
+    client, oncall
+):
+    """R3.2: frozen first (an unknown time first among them), then the latest
+    refusal; a due re-probe (eligible) is no trouble; the rest are counted."""
+    provider("alpha")
+    refused = [
+        (4, None),  # legacy time: frozen
+        *[(4, timedelta(hours=h)) for h in (5, 1, 3)],  # frozen
+        *[(1, timedelta(minutes=m)) for m in range(1, 10)],  # cooling, 1–9 min ago
+        (1, timedelta(minutes=20)),  # its re-probe is due: eligible
+    ]
+    for n, (count, ago) in enumerate(refused):
+        segment = thread(f"T{n:02d}", chain=["alpha"]).segments.get()
+        SegmentRefusal.objects.create(
+            segment=segment, provider_id="alpha", refusals=count,
+            refused_at=None if ago is None else NOW - ago,
+        )  # fmt: skip
+    client.force_login(oncall)
+    alpha = card(client.get(reverse("providers")).content.decode(), "alpha")
+    freezes = alpha[alpha.index('<ul class="freezes">') :]
+    freezes = freezes[: freezes.index("</ul>")]
+    shown = re.findall(r'<span class="state (\w+)">.*?\((T\d\d);', freezes, re.S)
+    assert [state for state, _title in shown] == ["frozen"] * 4 + ["cooling"] * 6
+    # The unknown time first, then 1 h, 3 h, 5 h ago; then the cooling ones newest first.
+    assert [title for _state, title in shown] == [
+        "T00", "T02", "T03", "T01", "T04", "T05", "T06", "T07", "T08", "T09",
+    ]  # fmt: skip
+    assert "and 3 more open segments" in alpha  # 13 in trouble, 10 shown
