@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from governance.models import Provider, ProviderAttempt
+from governance.models import ProviderAttempt
 from governance.rules.cost import (
     AttemptCost,
     CostSummary,
@@ -22,17 +22,7 @@ from governance.rules.cost import (
     summarize_costs,
     summarize_shapes,
 )
-from governance.services.usage import merge_shape, usage_shapes
-
-
-def prices_of(provider: Provider) -> Prices:
-    """A provider's prices (or a row read with its provider's price columns)."""
-    return Prices(
-        input=provider.price_input_per_mtok,
-        output=provider.price_output_per_mtok,
-        cached=provider.price_cached_per_mtok,
-        currency=provider.currency,
-    )
+from governance.services.usage import merge_shape, prices_of, usage_shapes
 
 
 def money(amounts: dict[str, Decimal]) -> str:

@@ -8,8 +8,19 @@ from __future__ import annotations
 from django.db import connection
 from django.db.models import QuerySet
 
-from governance.models import ProviderAttempt
+from governance.models import Provider, ProviderAttempt
 from governance.rules.cost import Prices, UsageShape, usage_shape
+
+
+def prices_of(provider: Provider) -> Prices:
+    """A provider's prices (or a row read with its provider's price columns)."""
+    return Prices(
+        input=provider.price_input_per_mtok,
+        output=provider.price_output_per_mtok,
+        cached=provider.price_cached_per_mtok,
+        currency=provider.currency,
+    )
+
 
 _PRICE_FIELDS = (
     "provider__price_input_per_mtok",

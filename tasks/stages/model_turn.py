@@ -22,13 +22,14 @@ from governance.models import Provider, Run, Stage
 from governance.rules import routing, turns
 from governance.rules import tools as tool_rules
 from governance.rules.classification import classify_attempt
-from governance.rules.cost import Prices, attempt_cost
+from governance.rules.cost import attempt_cost
 from governance.rules.refusal import refusal_verdict
 from governance.rules.run_clocks import attempt_allowance, stream_event_is_progress
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
 from governance.services.runs import cancel_requested, mark_progress, run_goal
 from governance.services.secrets import named_secret
+from governance.services.usage import prices_of
 from tasks import instrumentation as spans
 from tasks import work_metrics
 from tasks.adapters import call_provider
@@ -260,7 +261,7 @@ class _Sender:
                     (e.at for e in response.events if e.kind in FIRST_CHUNK_KINDS), None
                 ),
             )
-        spent = attempt_cost(response.usage, _prices(provider))
+        spent = attempt_cost(response.usage, prices_of(provider))
         if spent.amount is not None:
             work_metrics.cost(provider.provider_id, spent.currency, float(spent.amount))
         return response, classification, ended
@@ -294,13 +295,6 @@ def _message(item: dict) -> ChatMessage:
             for call in item.get("tool_calls") or []
         ),
     )
-
-
-def _prices(provider: Provider) -> Prices:
-    return Prices(
-        provider.price_input_per_mtok, provider.price_output_per_mtok,
-        provider.price_cached_per_mtok, provider.currency,
-    )  # fmt: skip
 
 
 def _config(provider: Provider) -> ProviderConfig:

@@ -28,7 +28,7 @@ from governance.services import approvals, receipts, tool_servers
 from governance.services import budget as ledger
 from governance.services import stages as stage_service
 from tasks import instrumentation as spans
-from tasks import registry_tools
+from tasks import registry_tools, work_metrics
 from tasks.tools import TOOLS, run_tool
 
 
@@ -126,6 +126,7 @@ def _admit_and_run(
             now=now, stage=stage,
         )  # fmt: skip
         if not admission.admitted:
+            work_metrics.ledger_exhausted(str(need.resource))
             return "refused", None, need.refused_words
     if registry is not None:
         # R6.1: no call may wait past the stage budget, the deadline or the no-progress limit.

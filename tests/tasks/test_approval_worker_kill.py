@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group
 
 from governance import time_source
 from governance.models import Run, ToolApproval, ToolReceipt
@@ -30,13 +30,13 @@ from governance.services import approvals as approval_service
 from tasks.stages.watchdog import watchdog_pass
 from tests.tasks import test_engine_registry_tools as registry_engine
 from tests.tasks.conftest import every_queue_key
+from tests.tasks.test_engine_approvals import notify_thread
 from tests.tasks.test_stdio_worker_kill import _database_url, wait_for
 from tests.tool_servers import HttpToolHandler, HttpToolServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
 model = registry_engine.model  # its fixture: a tool-calling model on loopback
-SEND_SCHEMA = {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}
 
 
 class HeldAnswer(HttpToolHandler):
@@ -114,19 +114,9 @@ def test_a_worker_killed_right_after_the_approved_call_was_sent_still_makes_one_
     start_worker, api, model, held_tool, django_user_model
 ):
     ensure_roles()
-    user = django_user_model.objects.get(username="engine")
-    user.user_permissions.add(Permission.objects.get(codename="change_toolserver"))
-    api.post(
-        "/api/v1/tools",
-        {"name": "notify", "kind": "http", "url": held_tool.url + "/send", "method": "POST",
-         "description": "Notify a team", "parameters": SEND_SCHEMA, "effect": "external_effect",
-         "verify_url": held_tool.url + "/verify", "approval": "always", "timeout_s": 60},
-        expect=201,
-    )  # fmt: skip
-    model.tool, model.arguments = "notify", {"to": "ops"}
-    thread = api.post(
-        "/api/v1/threads", {"provider_chain": ["oa"], "tool_surface": ["notify"]}, expect=201
-    ).json()
+    thread = notify_thread(
+        api, django_user_model, model, held_tool.url, approval="always", timeout_s=60
+    )
     first, tail = start_worker("approval-first")
     run_id = api.post(
         f"/api/v1/threads/{thread['id']}/runs", {"input": "tell ops"}, expect=202

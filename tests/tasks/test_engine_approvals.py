@@ -40,22 +40,29 @@ def tool_server():
         yield running
 
 
-@pytest.fixture
-def notify(api, tool_server, model, django_user_model):
-    """The external-effect HTTP tool ``notify``, approval asked for side effects."""
+def notify_thread(api, django_user_model, model, url: str, **policy) -> dict:
+    """A thread offering the external-effect HTTP tool ``notify`` at ``url`` (its
+    ``/send`` and ``/verify``), with ``policy`` (approval, timeout_s); the
+    model calls it."""
     user = django_user_model.objects.get(username="engine")
     user.user_permissions.add(Permission.objects.get(codename="change_toolserver"))
     api.post(
         "/api/v1/tools",
-        {"name": "notify", "kind": "http", "url": tool_server.url + "/send", "method": "POST",
+        {"name": "notify", "kind": "http", "url": url + "/send", "method": "POST",
          "description": "Notify a team", "parameters": SEND_SCHEMA, "effect": "external_effect",
-         "verify_url": tool_server.url + "/verify", "approval": "side_effects"},
+         "verify_url": url + "/verify", **policy},
         expect=201,
     )  # fmt: skip
     model.tool, model.arguments = "notify", {"to": "ops"}
     return api.post(
         "/api/v1/threads", {"provider_chain": ["oa"], "tool_surface": ["notify"]}, expect=201
     ).json()
+
+
+@pytest.fixture
+def notify(api, tool_server, model, django_user_model):
+    """The tool ``notify``, approval asked for side effects."""
+    return notify_thread(api, django_user_model, model, tool_server.url, approval="side_effects")
 
 
 @pytest.fixture

@@ -109,3 +109,28 @@ def test_a_spent_ledger_is_counted_by_resource(
     exhausted = "governance_ledger_exhaustions_total"
     assert delta(before, after, exhausted, resource="model_requests") >= 1
     assert delta(before, after, exhausted, resource="tool_calls") == 0
+
+
+def test_a_spent_tool_call_budget_is_counted_too(
+    client, api, worker, manual_clock, scripted_provider, scraping
+):
+    """R5: the second of two calls in a turn, with one tool call in the budget."""
+    two_calls = [
+        {"name": "calculator", "arguments": {"expression": "1+1"}},
+        {"name": "calculator", "arguments": {"expression": "2+2"}},
+    ]
+    scripted_provider(
+        "p",
+        {
+            "rules": [{"when": {"last_role_not": "tool"}, "tool_call": two_calls}],
+            "default": {"answer": {"text": "Done."}},
+        },
+    )
+    thread = api.post(
+        "/api/v1/threads", {"provider_chain": ["p"], "tool_surface": ["calculator"]}, expect=201
+    ).json()
+    before = scrape(client)
+    api.run_and_wait(thread["id"], "Add", budget={"tool_calls": 1})
+    after = scrape(client)
+    exhausted = "governance_ledger_exhaustions_total"
+    assert delta(before, after, exhausted, resource="tool_calls") == 1
